@@ -1,0 +1,1 @@
+"""Framework adapters (LangChain, LlamaIndex); nothing imports this package."""

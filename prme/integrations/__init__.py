@@ -1,0 +1,1 @@
+"""Seed-compatible import paths for the framework adapters."""

@@ -1,0 +1,93 @@
+"""The log transport seam: one async interface, implemented by ``local`` and ``kafka``.
+
+Both implementations pass ``tests/test_transport_contract.py``. Offsets are per partition
+and start at 0; ``Position`` is also the consistency token a writer gets back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+
+class Position(msgspec.Struct, frozen=True, order=True):
+    """Where a record landed: the consistency token ``(partition, offset)``."""
+
+    partition: int
+    offset: int
+
+
+class LogItem(msgspec.Struct, frozen=True):
+    """A record to append: the key (owner id bytes), the encoded value, and an optional
+    idempotency key; a second append with the same ``dedupe_key`` returns the first
+    append's position and writes nothing."""
+
+    key: bytes
+    value: bytes
+    dedupe_key: str | None = None
+
+
+class LogEntry(msgspec.Struct, frozen=True):
+    """A record read back from the log."""
+
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+    timestamp_ms: int
+
+
+PartitionsCallback = Callable[[set[int]], Awaitable[None]]
+
+
+@runtime_checkable
+class LogTransport(Protocol):
+    """Append to and read from the partitioned log."""
+
+    @property
+    def partitions(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def partition_for(self, key: bytes) -> int: ...
+
+    async def append(self, item: LogItem) -> Position: ...
+
+    async def append_many(self, items: Sequence[LogItem]) -> list[Position]:
+        """Append all items atomically: either every item is on the log or none is."""
+        ...
+
+    async def read(self, partition: int, offset: int, max_records: int = 500) -> list[LogEntry]:
+        """Records of ``partition`` from ``offset`` on (at most ``max_records``), in order."""
+        ...
+
+    async def end_offsets(self) -> dict[int, int]:
+        """For each partition, the offset the next record will get."""
+        ...
+
+    def consumer(self, group: str) -> LogConsumer:
+        """A consumer in ``group``: on Kafka a consumer-group member, locally all partitions."""
+        ...
+
+
+@runtime_checkable
+class LogConsumer(Protocol):
+    """Reads assigned partitions from positions the caller chooses (offsets live with the
+    read models, never in the broker)."""
+
+    async def start(
+        self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback
+    ) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def seek(self, partition: int, offset: int) -> None: ...
+
+    async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
+        """The next records of assigned partitions; may call the assignment callbacks."""
+        ...
+

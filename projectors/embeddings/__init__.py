@@ -1,0 +1,1 @@
+"""Embedding providers: the protocol, validation, FastEmbed, caches."""

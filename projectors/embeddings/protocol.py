@@ -1,0 +1,44 @@
+"""The embedding provider contract users code against (structural: inheritance optional)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+
+@runtime_checkable
+class EmbeddingProvider(Protocol):
+    """Stable ``model_name``, ``model_version``, positive int ``dimension`` and async
+    ``embed(texts)`` returning one vector per input, in order."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def model_version(self) -> str: ...
+
+    @property
+    def dimension(self) -> int: ...
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+@runtime_checkable
+class QueryEmbeddingProvider(EmbeddingProvider, Protocol):
+    """A provider with a separate query recipe."""
+
+    async def embed_query(self, text: str) -> list[float]: ...
+
+
+class EmbeddingIdentity(msgspec.Struct, frozen=True):
+    """What a vector space is: vectors of different identities are never compared."""
+
+    model_name: str
+    model_version: str
+    dimension: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.model_name}|{self.model_version}|{self.dimension}"

@@ -1,0 +1,69 @@
+"""What a shard's read models share: the derived memory node, the projected record, and
+the ``ReadModel`` interface each model implements.
+
+A shard projector decodes a batch, derives each message's node once (type, entities,
+text) and its vector, then hands the same ``ProjectedRecord`` list to every read model.
+Each model writes its data and the batch's last offset in one durable step (the tracking
+record), so re-applying records after a crash is harmless.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, Protocol
+
+import msgspec
+
+from prme.schemas.records import AnyRecord
+
+NodeType = Literal["note", "fact", "decision", "preference", "task"]
+NodeState = Literal["active", "archived", "superseded"]
+ModelName = Literal["vector", "lexical", "graph", "history", "events"]
+MODEL_NAMES: tuple[ModelName, ...] = ("vector", "lexical", "graph", "history", "events")
+
+
+class MemoryNode(msgspec.Struct, frozen=True, kw_only=True):
+    """The memory node a ``message`` record derives (node id ``mem:<event id>``)."""
+
+    node_id: str
+    event_id: str
+    owner: str
+    session_id: str
+    scope: str
+    node_type: NodeType
+    text: str
+    speaker: str | None
+    role: str
+    recorded_at: datetime
+    occurred_at: datetime | None
+    entities: list[str] = []
+    content_hash: str = ""
+
+
+class ProjectedRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One decoded log record with what the shard derived from it."""
+
+    offset: int
+    record: AnyRecord
+    node: MemoryNode | None = None
+    vector: list[float] | None = None
+
+
+class ReadModel(Protocol):
+    """One read model of one shard."""
+
+    name: ModelName
+
+    def applied_offset(self) -> int:
+        """The last log offset applied (``-1`` when none)."""
+        ...
+
+    def apply(self, batch: list[ProjectedRecord]) -> None:
+        """Apply the batch and store its last offset in the same durable step."""
+        ...
+
+    def digest(self) -> str:
+        """A canonical hash of the model's content (not its file bytes)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Read models of one shard: vector, lexical, graph, history, events."""

@@ -1,0 +1,1 @@
+"""Retrieval: channels, fusion, bundles, receipts, the engine, the HTTP service."""

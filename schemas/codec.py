@@ -1,0 +1,90 @@
+"""Codecs: msgpack for the log, JSON for the edge. Built once, reused."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from .errors import InvalidInput, RecordDecodeError, UnknownRecordKind, UnsupportedRecordVersion
+from .records import KINDS, SCHEMA_VERSION, AnyRecord, Record
+
+T = TypeVar("T")
+
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_record_decoder = msgspec.msgpack.Decoder(AnyRecord)
+_json_encoder = msgspec.json.Encoder()
+_json_record_decoder = msgspec.json.Decoder(AnyRecord)
+
+
+def encode_record(record: Record) -> bytes:
+    """The record as msgpack bytes, as written to the log."""
+    return _msgpack_encoder.encode(record)
+
+
+def _check_version(record: Record) -> Record:
+    if record.v > SCHEMA_VERSION:
+        raise UnsupportedRecordVersion(
+            f"record {record.event_id} has schema version {record.v}; this PRME reads up to "
+            f"{SCHEMA_VERSION} (upgrade PRME to read it)"
+        )
+    return record
+
+
+def _explain(header: Any, error: msgspec.ValidationError) -> RecordDecodeError:
+    if isinstance(header, dict):
+        kind, version = header.get("kind"), header.get("v")
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            return UnsupportedRecordVersion(
+                f"record schema version {version} is newer than {SCHEMA_VERSION}, the newest "
+                "this PRME reads"
+            )
+        if kind not in KINDS:
+            return UnknownRecordKind(f"unknown record kind {kind!r} (known: {sorted(KINDS)})")
+    return RecordDecodeError(f"invalid record: {error}")
+
+
+def decode_record(data: bytes) -> AnyRecord:
+    """Decode log bytes into a record; raises a :class:`RecordDecodeError` subclass."""
+    try:
+        return _check_version(_record_decoder.decode(data))  # type: ignore[return-value]
+    except msgspec.ValidationError as error:
+        try:
+            header = msgspec.msgpack.decode(data)
+        except msgspec.DecodeError as inner:
+            raise RecordDecodeError(f"not msgpack: {inner}") from error
+        raise _explain(header, error) from error
+    except msgspec.DecodeError as error:
+        raise RecordDecodeError(f"not msgpack: {error}") from error
+
+
+def record_to_json(record: Record) -> bytes:
+    """The record as JSON (for the edge and for audit output)."""
+    return _json_encoder.encode(record)
+
+
+def record_from_json(data: bytes | str) -> AnyRecord:
+    """Decode a JSON record (same checks as :func:`decode_record`)."""
+    try:
+        return _check_version(_json_record_decoder.decode(data))  # type: ignore[return-value]
+    except msgspec.ValidationError as error:
+        try:
+            header = msgspec.json.decode(data)
+        except msgspec.DecodeError as inner:
+            raise RecordDecodeError(f"not JSON: {inner}") from error
+        raise _explain(header, error) from error
+    except msgspec.DecodeError as error:
+        raise RecordDecodeError(f"not JSON: {error}") from error
+
+
+def to_builtins(value: Any) -> Any:
+    """Structs to plain dicts/lists (for JSON output)."""
+    return msgspec.to_builtins(value)
+
+
+def convert(value: Any, type_: type[T]) -> T:
+    """Validate plain data into ``type_``; errors name the field (``at $.owner``)."""
+    try:
+        return msgspec.convert(value, type_)
+    except msgspec.ValidationError as error:
+        raise InvalidInput(str(error)) from error

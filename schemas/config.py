@@ -1,0 +1,144 @@
+"""Settings: one typed object, read once at the edge (env prefix ``PRME_``, ``__`` nests)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import ConfigurationError
+
+
+class LogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    transport: Literal["local", "kafka"] = "local"
+    bootstrap: str = "127.0.0.1:9092"
+    topic: str = "prme.events"
+    dlq_topic: str = "prme.events.dlq"
+    partitions: int = 12
+    request_timeout_s: float = 30.0
+
+
+class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: str = "sentence-transformers/all-MiniLM-L6-v2"
+    dimension: int | None = None
+    batch_size: int = 32
+    cache_entries: int = 10_000
+    threads: int | None = None
+
+
+class ScoringSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    fusion: Literal["rrf", "weighted", "zscore"] = "rrf"
+    rrf_k: int = 60
+    weights: dict[str, float] = {"vector": 1.0, "lexical": 1.0, "graph": 1.0}
+    candidates: int = 50
+    graph: bool = True
+
+
+class LexicalSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    window_before: int = 2
+    window_after: int = 1
+    speaker_boost: float = 2.0
+
+
+class QuerySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    strip_stopwords: bool = True
+    temporal_cues: bool = True
+    date_match: bool = True
+    consistency_timeout_s: float = 10.0
+
+
+class QdrantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    url: str | None = None
+    api_key: str | None = None
+    collection: str = "prme"
+    timeout_s: float = 10.0
+
+
+class LimitsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    max_content_bytes: int = 64 * 1024
+    max_metadata_bytes: int = 16 * 1024
+    max_batch_records: int = 1000
+    max_body_bytes: int = 4 * 1024 * 1024
+
+
+class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 8765
+    api_keys: dict[str, str] = {}
+    """API key -> owner it may act for; the owner ``*`` marks an admin key."""
+
+
+class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    data_dir: str = "./memory"
+    models_dir: str | None = None
+    log: LogSettings = LogSettings()
+    embedding: EmbeddingSettings = EmbeddingSettings()
+    scoring: ScoringSettings = ScoringSettings()
+    lexical: LexicalSettings = LexicalSettings()
+    query: QuerySettings = QuerySettings()
+    qdrant: QdrantSettings = QdrantSettings()
+    limits: LimitsSettings = LimitsSettings()
+    service: ServiceSettings = ServiceSettings()
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Settings:
+        """Settings from ``PRME_*`` variables (``PRME_SCORING__FUSION=weighted``).
+
+        Values that look like JSON objects or lists are parsed as JSON. ``overrides`` are
+        top-level fields (or nested dicts) applied last.
+        """
+        environ = os.environ if environ is None else environ
+        tree: dict[str, Any] = {}
+        for name, raw in environ.items():
+            if not name.startswith("PRME_") or name == "PRME_KAFKA_BOOTSTRAP":
+                continue
+            path = name[len("PRME_") :].lower().split("__")
+            node = tree
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ConfigurationError(f"{name}: {part} is not a section")
+            value: Any = raw
+            if raw[:1] in "{[":
+                try:
+                    value = json.loads(raw)
+                except json.JSONDecodeError as error:
+                    raise ConfigurationError(f"{name}: invalid JSON ({error})") from error
+            node[path[-1]] = value
+        _merge(tree, overrides)
+        try:
+            return msgspec.convert(tree, cls, strict=False)
+        except msgspec.ValidationError as error:
+            raise ConfigurationError(f"invalid settings: {error}") from error
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with top-level fields (or nested dicts) changed; self is not modified."""
+        tree = msgspec.to_builtins(self)
+        _merge(tree, changes)
+        return msgspec.convert(tree, Settings, strict=False)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir)
+
+    @property
+    def models_path(self) -> Path:
+        if self.models_dir:
+            return Path(self.models_dir)
+        return Path(os.path.expanduser("~/.cache/prme/models"))
+
+
+def _merge(tree: dict[str, Any], changes: Mapping[str, Any]) -> None:
+    for key, value in changes.items():
+        if isinstance(value, msgspec.Struct):
+            value = msgspec.to_builtins(value)
+        if isinstance(value, Mapping) and isinstance(tree.get(key), dict):
+            _merge(tree[key], value)
+        else:
+            tree[key] = value

@@ -1,0 +1,132 @@
+"""The records on the log: a frozen msgspec envelope and one tagged struct per kind.
+
+Every record carries the envelope fields; ``kind`` is the msgspec tag. Control kinds
+(``history_cleared``, ``message_deleted``, ``history_replaced``), lifecycle kinds and
+``owner_erased`` carry no retrievable content.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+"""The newest record schema version this code writes and reads."""
+
+OwnerId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^\S(.*\S)?$")]
+Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Role = Literal["user", "assistant", "system", "tool", "function", "developer"]
+ROLES: frozenset[str] = frozenset(Role.__args__)  # type: ignore[attr-defined]
+ContentBlock = dict[str, Any]
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """The envelope every record shares."""
+
+    v: int = SCHEMA_VERSION
+    event_id: Identifier
+    owner: OwnerId
+    session_id: Identifier = "default"
+    scope: Identifier = "default"
+    recorded_at: datetime
+    occurred_at: datetime | None = None
+    request_id: Identifier | None = None
+
+
+class Message(Record, frozen=True, kw_only=True, tag="message"):
+    """A chat message or stored memory. Carries enough to round-trip a framework message.
+
+    ``fields`` holds the framework's additional fields (message class, additional_kwargs,
+    response_metadata, tool status and artifact, ...); ``metadata`` is the caller's own.
+    """
+
+    role: Role
+    content: str | list[ContentBlock]
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] = []
+    message_id: str | None = None
+    fields: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+
+
+class HistoryCleared(Record, frozen=True, kw_only=True, tag="history_cleared"):
+    """Everything before this marker in (owner, session, scope) leaves the chat history."""
+
+
+class MessageDeleted(Record, frozen=True, kw_only=True, tag="message_deleted"):
+    """One message leaves the chat history; the original stays on the log."""
+
+    target_event_id: Identifier
+
+
+class HistoryReplaced(Record, frozen=True, kw_only=True, tag="history_replaced"):
+    """A clear marker followed, in the same atomic append, by ``message_count`` messages."""
+
+    message_count: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class NodeArchived(Record, frozen=True, kw_only=True, tag="node_archived"):
+    """The node leaves normal retrieval."""
+
+    node_id: Identifier
+    reason: str | None = None
+
+
+class NodeRestored(Record, frozen=True, kw_only=True, tag="node_restored"):
+    """An archived or superseded node comes back into normal retrieval."""
+
+    node_id: Identifier
+
+
+class NodeSuperseded(Record, frozen=True, kw_only=True, tag="node_superseded"):
+    """``node_id`` is replaced by ``by_node_id`` (a ``supersedes`` edge); it leaves retrieval."""
+
+    node_id: Identifier
+    by_node_id: Identifier
+
+
+class OwnerErased(Record, frozen=True, kw_only=True, tag="owner_erased"):
+    """Every trace of the owner leaves every read model (the log keeps the audit trail)."""
+
+
+AnyRecord = (
+    Message
+    | HistoryCleared
+    | MessageDeleted
+    | HistoryReplaced
+    | NodeArchived
+    | NodeRestored
+    | NodeSuperseded
+    | OwnerErased
+)
+
+RECORD_TYPES: tuple[type[Record], ...] = AnyRecord.__args__  # type: ignore[attr-defined]
+KINDS: frozenset[str] = frozenset(t.__struct_config__.tag for t in RECORD_TYPES)  # type: ignore[misc]
+CONTROL_KINDS = frozenset({"history_cleared", "message_deleted", "history_replaced"})
+LIFECYCLE_KINDS = frozenset({"node_archived", "node_restored", "node_superseded"})
+
+
+def kind_of(record: Record) -> str:
+    """The record's ``kind`` tag."""
+    return str(type(record).__struct_config__.tag)
+
+
+def memory_node_id(event_id: str) -> str:
+    """The id of the memory node a message event derives (deterministic, so replay agrees)."""
+    return f"mem:{event_id}"
+
+
+def message_text(content: str | list[ContentBlock]) -> str:
+    """The plain text of a message's content: text blocks joined by newlines."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif block.get("type") == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+    return "\n".join(parts)
