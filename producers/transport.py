@@ -90,4 +90,3 @@ class LogConsumer(Protocol):
     async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
         """The next records of assigned partitions; may call the assignment callbacks."""
         ...
-

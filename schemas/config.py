@@ -20,6 +20,8 @@ class LogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dlq_topic: str = "prme.events.dlq"
     partitions: int = 12
     request_timeout_s: float = 30.0
+    transactional_id: str | None = None
+    """Kafka only: a stable id fences a crashed predecessor and aborts its open transaction."""
 
 
 class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -33,7 +35,9 @@ class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
 class ScoringSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fusion: Literal["rrf", "weighted", "zscore"] = "rrf"
     rrf_k: int = 60
-    weights: dict[str, float] = {"vector": 1.0, "lexical": 1.0, "graph": 1.0}
+    weights: dict[str, float] = msgspec.field(
+        default_factory=lambda: {"vector": 1.0, "lexical": 1.0, "graph": 1.0}
+    )
     candidates: int = 50
     graph: bool = True
 
@@ -85,9 +89,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     service: ServiceSettings = ServiceSettings()
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Settings from ``PRME_*`` variables (``PRME_SCORING__FUSION=weighted``).
 
         Values that look like JSON objects or lists are parsed as JSON. ``overrides`` are

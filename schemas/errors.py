@@ -49,3 +49,7 @@ class EmbeddingMismatch(PRMEError):
 
 class ConfigurationError(PRMEError, ValueError):
     """Settings or a saved pack configuration are inconsistent."""
+
+
+class InvalidEmbedding(PRMEError, ValueError):
+    """An embedding provider reported an invalid identity or returned malformed vectors."""

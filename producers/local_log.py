@@ -1,0 +1,259 @@
+"""The embedded log: one SQLite file (WAL) with Kafka's partitions, offsets and partitioner.
+
+Safe for one writer process and many readers: every append runs in one ``BEGIN IMMEDIATE``
+transaction that also computes the next offsets, so a batch is all-or-nothing even when
+the writer is killed mid-way, and two writers cannot hand out the same offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prme.schemas.errors import ConfigurationError, TransportError
+
+from .partitioner import partition_for_key
+from .transport import LogEntry, LogItem, PartitionsCallback, Position
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS log (
+    partition INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    key BLOB NOT NULL,
+    value BLOB NOT NULL,
+    timestamp_ms INTEGER NOT NULL,
+    PRIMARY KEY (partition, offset)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dedupe (
+    dedupe_key TEXT PRIMARY KEY,
+    partition INTEGER NOT NULL,
+    offset INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+
+_POLL_INTERVAL_S = 0.05
+"""How often a local consumer re-reads the file for appends made by another process."""
+
+
+class LocalLogTransport:
+    """A durable partitioned log in ``path`` (a SQLite file)."""
+
+    def __init__(self, path: Path | str, partitions: int = 12) -> None:
+        if partitions <= 0:
+            raise ConfigurationError("partitions must be positive")
+        self._path = Path(path)
+        self._partitions = partitions
+        self._executor: ThreadPoolExecutor | None = None
+        self._connection: sqlite3.Connection | None = None
+        self._appended: asyncio.Event | None = None
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    async def start(self) -> None:
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prme-local-log")
+        self._appended = asyncio.Event()
+        await self._run(self._open)
+
+    def _open(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("PRAGMA busy_timeout=30000")
+        connection.executescript(_SCHEMA)
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            row = connection.execute("SELECT value FROM meta WHERE name='partitions'").fetchone()
+            if row is None:
+                connection.execute(
+                    "INSERT INTO meta VALUES ('partitions', ?)", (str(self._partitions),)
+                )
+            elif int(row[0]) != self._partitions:
+                raise ConfigurationError(
+                    f"{self._path} was created with {row[0]} partitions, not "
+                    f"{self._partitions}: owners would move to other partitions"
+                )
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            connection.close()
+            raise
+        self._connection = connection
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        await self._run(self._close_connection)
+        self._executor.shutdown(wait=True)
+        self._executor = None
+
+    def _close_connection(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    async def _run(self, function: Any, *args: Any) -> Any:
+        if self._executor is None:
+            raise TransportError("the local log is not started")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    def partition_for(self, key: bytes) -> int:
+        return partition_for_key(key, self._partitions)
+
+    async def append(self, item: LogItem) -> Position:
+        return (await self.append_many([item]))[0]
+
+    async def append_many(self, items: Sequence[LogItem]) -> list[Position]:
+        if not items:
+            return []
+        positions: list[Position] = await self._run(self._append_many, list(items))
+        assert self._appended is not None
+        self._appended.set()
+        self._appended.clear()
+        return positions
+
+    def _append_many(self, items: list[LogItem]) -> list[Position]:
+        connection = self._require_connection()
+        now_ms = int(time.time() * 1000)
+        next_offsets: dict[int, int] = {}
+        positions: list[Position] = []
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            for item in items:
+                if item.dedupe_key is not None:
+                    row = connection.execute(
+                        "SELECT partition, offset FROM dedupe WHERE dedupe_key=?",
+                        (item.dedupe_key,),
+                    ).fetchone()
+                    if row is not None:
+                        positions.append(Position(row[0], row[1]))
+                        continue
+                partition = self.partition_for(item.key)
+                offset = next_offsets.get(partition)
+                if offset is None:
+                    offset = connection.execute(
+                        "SELECT COALESCE(MAX(offset) + 1, 0) FROM log WHERE partition=?",
+                        (partition,),
+                    ).fetchone()[0]
+                next_offsets[partition] = offset + 1
+                connection.execute(
+                    "INSERT INTO log VALUES (?, ?, ?, ?, ?)",
+                    (partition, offset, item.key, item.value, now_ms),
+                )
+                if item.dedupe_key is not None:
+                    connection.execute(
+                        "INSERT INTO dedupe VALUES (?, ?, ?)", (item.dedupe_key, partition, offset)
+                    )
+                positions.append(Position(partition, offset))
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        return positions
+
+    async def read(self, partition: int, offset: int, max_records: int = 500) -> list[LogEntry]:
+        self._check_partition(partition)
+        rows = await self._run(self._read, partition, offset, max_records)
+        return [LogEntry(partition, o, bytes(k), bytes(v), ts) for o, k, v, ts in rows]
+
+    def _read(self, partition: int, offset: int, max_records: int) -> list[tuple[Any, ...]]:
+        return (
+            self._require_connection()
+            .execute(
+                "SELECT offset, key, value, timestamp_ms FROM log "
+                "WHERE partition=? AND offset>=? ORDER BY offset LIMIT ?",
+                (partition, offset, max_records),
+            )
+            .fetchall()
+        )
+
+    async def end_offsets(self) -> dict[int, int]:
+        rows = await self._run(self._end_offsets)
+        ends = dict.fromkeys(range(self._partitions), 0)
+        ends.update({partition: end for partition, end in rows})
+        return ends
+
+    def _end_offsets(self) -> list[tuple[int, int]]:
+        return (
+            self._require_connection()
+            .execute("SELECT partition, MAX(offset) + 1 FROM log GROUP BY partition")
+            .fetchall()
+        )
+
+    async def wait_for_append(self, timeout_s: float) -> None:
+        """Return when this process appends, or after ``timeout_s`` (appends made by other
+        processes are found by the caller re-reading)."""
+        assert self._appended is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._appended.wait(), timeout_s)
+
+    def consumer(self, group: str) -> LocalLogConsumer:
+        return LocalLogConsumer(self)
+
+    def _check_partition(self, partition: int) -> None:
+        if not 0 <= partition < self._partitions:
+            raise TransportError(f"partition {partition} is not in 0..{self._partitions - 1}")
+
+    def _require_connection(self) -> sqlite3.Connection:
+        if self._connection is None:
+            raise TransportError("the local log is not started")
+        return self._connection
+
+
+class LocalLogConsumer:
+    """Every partition of a local log, read from positions the caller seeks to."""
+
+    def __init__(self, transport: LocalLogTransport) -> None:
+        self._transport = transport
+        self._positions: dict[int, int] = {}
+        self._on_revoked: PartitionsCallback | None = None
+
+    async def start(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
+        partitions = set(range(self._transport.partitions))
+        self._positions = dict.fromkeys(partitions, 0)
+        self._on_revoked = on_revoked
+        await on_assigned(partitions)
+
+    async def close(self) -> None:
+        if self._on_revoked is not None and self._positions:
+            await self._on_revoked(set(self._positions))
+        self._positions = {}
+        self._on_revoked = None
+
+    def seek(self, partition: int, offset: int) -> None:
+        self._positions[partition] = offset
+
+    async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            batches = await self._read_available(max_records)
+            remaining = deadline - asyncio.get_running_loop().time()
+            if batches or remaining <= 0:
+                return batches
+            await self._transport.wait_for_append(min(remaining, _POLL_INTERVAL_S))
+
+    async def _read_available(self, max_records: int) -> dict[int, list[LogEntry]]:
+        batches: dict[int, list[LogEntry]] = {}
+        for partition, position in sorted(self._positions.items()):
+            entries = await self._transport.read(partition, position, max_records)
+            if entries:
+                batches[partition] = entries
+                self._positions[partition] = entries[-1].offset + 1
+        return batches

@@ -1,0 +1,195 @@
+"""The write API everything else uses: validate, build records, append, return tokens.
+
+Validation happens before anything is appended: a bad record raises
+:class:`~prme.schemas.errors.InvalidInput` naming the field, and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import msgspec
+import uuid_utils
+from prme.schemas.codec import encode_record
+from prme.schemas.config import LimitsSettings
+from prme.schemas.errors import InvalidInput
+from prme.schemas.records import (
+    HistoryCleared,
+    HistoryReplaced,
+    Message,
+    MessageDeleted,
+    NodeArchived,
+    NodeRestored,
+    NodeSuperseded,
+    OwnerErased,
+    Record,
+)
+
+from .transport import LogItem, LogTransport, Position
+
+ControlKind = Literal[
+    "history_cleared",
+    "message_deleted",
+    "node_archived",
+    "node_restored",
+    "node_superseded",
+    "owner_erased",
+]
+_CONTROL_TYPES: dict[str, type[Record]] = {
+    "history_cleared": HistoryCleared,
+    "message_deleted": MessageDeleted,
+    "node_archived": NodeArchived,
+    "node_restored": NodeRestored,
+    "node_superseded": NodeSuperseded,
+    "owner_erased": OwnerErased,
+}
+
+
+class AppendReceipt(msgspec.Struct, frozen=True):
+    """What a write returns: the event id and the consistency token."""
+
+    event_id: str
+    position: Position
+
+
+class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
+    """A message before it gets an envelope (the unit of batch and replacement writes)."""
+
+    owner: str
+    content: str | list[dict[str, Any]]
+    role: str = "user"
+    session_id: str = "default"
+    scope: str = "default"
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] = []
+    message_id: str | None = None
+    fields: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    occurred_at: datetime | None = None
+    request_id: str | None = None
+
+
+def new_event_id() -> str:
+    """A UUIDv7 string: unique and time-ordered."""
+    return str(uuid_utils.uuid7())
+
+
+class Producer:
+    """Builds and validates records, then appends them through a :class:`LogTransport`."""
+
+    def __init__(self, transport: LogTransport, limits: LimitsSettings | None = None) -> None:
+        self._transport = transport
+        self._limits = limits or LimitsSettings()
+
+    @property
+    def transport(self) -> LogTransport:
+        return self._transport
+
+    def build_message(self, draft: MessageDraft) -> Message:
+        """The validated ``message`` record for ``draft`` (raises InvalidInput)."""
+        for name in ("metadata", "fields"):
+            self._check_json(name, getattr(draft, name))
+        fields = msgspec.structs.asdict(draft)
+        fields.update(kind="message", event_id=new_event_id(), recorded_at=_now())
+        message = _convert(fields, Message)
+        self._check_content_size(message)
+        return message
+
+    def build_control(self, kind: ControlKind, owner: str, **fields: Any) -> Record:
+        """The validated control or lifecycle record ``kind`` (raises InvalidInput)."""
+        record_type = _CONTROL_TYPES.get(kind)
+        if record_type is None:
+            raise InvalidInput(f"unknown control kind {kind!r} (known: {sorted(_CONTROL_TYPES)})")
+        fields.update(kind=kind, owner=owner, event_id=new_event_id(), recorded_at=_now())
+        return _convert(fields, record_type)
+
+    def build_replacement(
+        self, owner: str, session_id: str, scope: str, drafts: Sequence[MessageDraft]
+    ) -> list[Record]:
+        """A ``history_replaced`` marker followed by the new messages (append atomically)."""
+        marker = _convert(
+            {
+                "kind": "history_replaced",
+                "owner": owner,
+                "session_id": session_id,
+                "scope": scope,
+                "event_id": new_event_id(),
+                "recorded_at": _now(),
+                "message_count": len(drafts),
+            },
+            HistoryReplaced,
+        )
+        messages: list[Record] = []
+        for draft in drafts:
+            if (draft.owner, draft.session_id, draft.scope) != (owner, session_id, scope):
+                raise InvalidInput(
+                    "replacement messages must share the history's owner/session/scope"
+                )
+            messages.append(self.build_message(draft))
+        return [marker, *messages]
+
+    async def append_message(self, draft: MessageDraft) -> AppendReceipt:
+        return (await self.append_records([self.build_message(draft)]))[0]
+
+    async def append_control(self, kind: ControlKind, owner: str, **fields: Any) -> AppendReceipt:
+        return (await self.append_records([self.build_control(kind, owner, **fields)]))[0]
+
+    async def append_records(self, records: Sequence[Record]) -> list[AppendReceipt]:
+        """Append already-validated records atomically (all or none)."""
+        if len(records) > self._limits.max_batch_records:
+            raise InvalidInput(
+                f"batch of {len(records)} records exceeds max_batch_records="
+                f"{self._limits.max_batch_records}"
+            )
+        items = [_log_item(record) for record in records]
+        positions = await self._transport.append_many(items)
+        return [AppendReceipt(r.event_id, p) for r, p in zip(records, positions, strict=True)]
+
+    def _check_content_size(self, message: Message) -> None:
+        content = message.content
+        size = (
+            len(content.encode()) if isinstance(content, str) else len(msgspec.json.encode(content))
+        )
+        if size > self._limits.max_content_bytes:
+            raise InvalidInput(
+                f"content is {size} bytes, over the limit of {self._limits.max_content_bytes} "
+                "(limits.max_content_bytes) - at $.content"
+            )
+
+    def _check_json(self, name: str, value: Any) -> None:
+        try:
+            encoded = msgspec.json.encode(value)
+        except (TypeError, ValueError, OverflowError) as error:
+            raise InvalidInput(
+                f"{name} is not JSON-serializable ({error}) - at $.{name}"
+            ) from error
+        if len(encoded) > self._limits.max_metadata_bytes:
+            raise InvalidInput(
+                f"{name} is {len(encoded)} bytes, over the limit of "
+                f"{self._limits.max_metadata_bytes} (limits.max_metadata_bytes) - at $.{name}"
+            )
+
+
+def _log_item(record: Record) -> LogItem:
+    dedupe_key = f"{record.owner}\x1f{record.request_id}" if record.request_id else None
+    return LogItem(record.owner.encode(), encode_record(record), dedupe_key)
+
+
+def _convert(fields: dict[str, Any], record_type: type[Record]) -> Any:
+    fields.pop("kind", None)
+    try:
+        record = msgspec.convert(fields, record_type)
+        # A round trip through the log codec proves every value is storable.
+        encode_record(record)
+    except msgspec.ValidationError as error:
+        raise InvalidInput(str(error)) from error
+    except (TypeError, ValueError, OverflowError) as error:
+        raise InvalidInput(f"value cannot be stored: {error}") from error
+    return record
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,180 @@
+"""The log transport contract, written once; each transport's test module subclasses
+``TransportContract`` and provides the ``settings`` fixture (eventsourcing-style)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from prme.producers.factory import open_transport
+from prme.producers.partitioner import partition_for_key
+from prme.producers.transport import LogItem, LogTransport
+from prme.schemas.config import Settings
+
+CHILD = Path(__file__).with_name("transport_child.py")
+
+
+def _item(owner: str, value: str, dedupe_key: str | None = None) -> LogItem:
+    return LogItem(owner.encode(), value.encode(), dedupe_key)
+
+
+async def _read_all(transport: LogTransport, partition: int) -> list[tuple[int, bytes, bytes]]:
+    entries: list[tuple[int, bytes, bytes]] = []
+    offset = 0
+    while True:
+        batch = await transport.read(partition, offset, 200)
+        if not batch:
+            return entries
+        entries.extend((e.offset, e.key, e.value) for e in batch)
+        offset = batch[-1].offset + 1
+
+
+class TransportContract:
+    """Behaviour every LogTransport must show."""
+
+    @pytest.fixture
+    def settings(self, tmp_path: Path) -> Settings:
+        raise NotImplementedError
+
+    @pytest.fixture
+    async def transport(self, settings: Settings) -> AsyncIterator[LogTransport]:
+        transport = open_transport(settings)
+        await transport.start()
+        yield transport
+        await transport.close()
+
+    async def test_owner_maps_to_kafkas_default_partition(
+        self, transport: LogTransport, settings: Settings
+    ) -> None:
+        for owner in ("alice", "bob", "carol-42", "ünïcode"):
+            expected = partition_for_key(owner.encode(), settings.log.partitions)
+            assert transport.partition_for(owner.encode()) == expected
+            position = await transport.append(_item(owner, "x"))
+            assert position.partition == expected
+
+    async def test_records_of_an_owner_are_read_back_in_append_order(
+        self, transport: LogTransport
+    ) -> None:
+        for i in range(20):
+            await transport.append(_item("alice", f"a{i}"))
+            await transport.append(_item("bob", f"b{i}"))
+        partition = transport.partition_for(b"alice")
+        values = [v for _, k, v in await _read_all(transport, partition) if k == b"alice"]
+        assert values == [f"a{i}".encode() for i in range(20)]
+
+    async def test_offsets_increase_within_a_partition(self, transport: LogTransport) -> None:
+        positions = [await transport.append(_item("alice", str(i))) for i in range(10)]
+        assert len({p.partition for p in positions}) == 1
+        offsets = [p.offset for p in positions]
+        assert offsets == sorted(set(offsets))
+        ends = await transport.end_offsets()
+        assert ends[positions[0].partition] == offsets[-1] + 1
+
+    async def test_append_many_returns_positions_of_every_record(
+        self, transport: LogTransport
+    ) -> None:
+        items = [_item(owner, f"{owner}{i}") for i in range(5) for owner in ("alice", "bob")]
+        positions = await transport.append_many(items)
+        assert len(positions) == len(items)
+        for item, position in zip(items, positions, strict=True):
+            entries = await transport.read(position.partition, position.offset, 1)
+            assert entries[0].value == item.value and entries[0].key == item.key
+
+    async def test_read_respects_offset_and_max_records(self, transport: LogTransport) -> None:
+        positions = [await transport.append(_item("alice", str(i))) for i in range(10)]
+        partition = positions[0].partition
+        page = await transport.read(partition, positions[3].offset, 4)
+        assert [e.value for e in page] == [b"3", b"4", b"5", b"6"]
+        assert await transport.read(partition, positions[-1].offset + 1, 10) == []
+
+    async def test_same_dedupe_key_is_stored_once(self, transport: LogTransport) -> None:
+        first = await transport.append(_item("alice", "once", dedupe_key="alice\x1freq-1"))
+        again = await transport.append(_item("alice", "once", dedupe_key="alice\x1freq-1"))
+        assert again == first
+        values = [v for _, _, v in await _read_all(transport, first.partition)]
+        assert values.count(b"once") == 1
+
+    async def test_records_survive_close_and_reopen(self, settings: Settings) -> None:
+        first = open_transport(settings)
+        await first.start()
+        written = await first.append(_item("alice", "durable"))
+        await first.close()
+        second = open_transport(settings)
+        await second.start()
+        try:
+            entries = await second.read(written.partition, written.offset, 1)
+            assert entries[0].value == b"durable"
+            later = await second.append(_item("alice", "later"))
+            assert later.offset > written.offset
+        finally:
+            await second.close()
+
+    async def test_consumer_is_assigned_partitions_and_reads_from_its_seek(
+        self, transport: LogTransport
+    ) -> None:
+        positions = [await transport.append(_item("alice", str(i))) for i in range(6)]
+        partition = positions[0].partition
+        consumer = transport.consumer(f"contract-{os.getpid()}-{id(self)}")
+        assigned: set[int] = set()
+        ready = asyncio.Event()
+
+        async def on_assigned(partitions: set[int]) -> None:
+            assigned.update(partitions)
+            for p in partitions:
+                consumer.seek(p, positions[2].offset if p == partition else 0)
+            ready.set()
+
+        async def on_revoked(partitions: set[int]) -> None:
+            assigned.difference_update(partitions)
+
+        await consumer.start(on_assigned, on_revoked)
+        try:
+            values: list[bytes] = []
+            deadline = asyncio.get_running_loop().time() + 60
+            while len(values) < 4 and asyncio.get_running_loop().time() < deadline:
+                batches = await consumer.poll(100, 1.0)
+                values.extend(e.value for e in batches.get(partition, []))
+            assert partition in assigned
+            assert values == [b"2", b"3", b"4", b"5"]
+        finally:
+            await consumer.close()
+
+    async def test_writer_killed_mid_batch_leaves_all_or_nothing(
+        self, settings: Settings, tmp_path: Path
+    ) -> None:
+        count = 20_000
+        env = {**os.environ, "PRME_TEST_SETTINGS": msgspec.json.encode(settings).decode()}
+        child = subprocess.Popen(
+            [sys.executable, str(CHILD), str(count)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        line = await asyncio.to_thread(child.stdout.readline)
+        assert line.strip() == "appending", child.stderr.read() if child.stderr else line
+        child.kill()
+        child.wait(timeout=30)
+
+        transport = open_transport(settings)
+        await transport.start()
+        try:
+            marker = await transport.append(_item("crash-owner", "after-crash"))
+            values = [
+                v for _, k, v in await _read_all(transport, marker.partition) if k == b"crash-owner"
+            ]
+        finally:
+            await transport.close()
+        batch = [v for v in values if v.startswith(b"batch-")]
+        assert len(batch) in (0, count), f"partial batch of {len(batch)} records survived"
+        assert values[-1] == b"after-crash"
+
+
