@@ -1,0 +1,511 @@
+"""The Kafka log transport: aiokafka against an Apache Kafka broker.
+
+Appends go through an idempotent producer (``acks=all``); ``append_many`` goes through a
+transactional producer so a batch is all or nothing; every reader uses
+``isolation_level="read_committed"`` so an aborted or unfinished transaction is never
+seen. Transaction markers take offsets, so offsets within a partition increase but may
+have gaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+from prme.schemas.errors import ConfigurationError, TransportError
+
+from .partitioner import partition_for_key
+from .transport import LogConsumer, LogEntry, LogItem, PartitionsCallback, Position
+
+T = TypeVar("T")
+
+DEFAULT_TOPIC = "prme.events"
+DEDUPE_CAPACITY = 100_000
+_TOPIC_EXISTS = 36
+_RETENTION_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
+async def _bounded(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
+    """Await with a deadline; Kafka errors and timeouts become :class:`TransportError`."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except TimeoutError as error:
+        raise TransportError(f"kafka: {what} timed out after {timeout_s:g}s") from error
+    except KafkaError as error:
+        raise TransportError(f"kafka: {what} failed: {error!r}") from error
+
+
+async def _stop_quietly(stop: Awaitable[Any], timeout_s: float) -> None:
+    # Closing is best effort: the broker expires sessions and members on its own.
+    with contextlib.suppress(TimeoutError, KafkaError):
+        await asyncio.wait_for(stop, timeout_s)
+
+
+def _entry(record: ConsumerRecord[bytes, bytes]) -> LogEntry:
+    return LogEntry(
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key or b"",
+        value=record.value or b"",
+        timestamp_ms=record.timestamp,
+    )
+
+
+class _DedupeCache:
+    """A bounded LRU map ``dedupe_key -> Position``."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._positions: OrderedDict[str, Position] = OrderedDict()
+
+    def get(self, key: str) -> Position | None:
+        position = self._positions.get(key)
+        if position is not None:
+            self._positions.move_to_end(key)
+        return position
+
+    def put(self, key: str, position: Position) -> None:
+        self._positions[key] = position
+        self._positions.move_to_end(key)
+        while len(self._positions) > self._capacity:
+            self._positions.popitem(last=False)
+
+
+class KafkaLogTransport:
+    """:class:`~prme.producers.transport.LogTransport` on a Kafka topic keyed by owner.
+
+    ``dedupe_key`` idempotency is kept in a bounded in-process LRU (``dedupe_capacity``
+    keys): a retry through the same transport instance returns the first position and
+    writes nothing. Kafka cannot check this itself, so a retry from another process (or
+    after a restart, or after the key was evicted) is written again; projectors
+    deduplicate it downstream by event id.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str = DEFAULT_TOPIC,
+        partitions: int = 12,
+        *,
+        request_timeout_s: float = 30.0,
+        client_id: str = "prme",
+        transactional_id: str | None = None,
+        replication_factor: int = 1,
+        dedupe_capacity: int = DEDUPE_CAPACITY,
+    ) -> None:
+        if partitions <= 0:
+            raise ConfigurationError("partitions must be positive")
+        self._bootstrap = bootstrap
+        self._topic = topic
+        self._partitions = partitions
+        self._timeout_s = request_timeout_s
+        self._client_id = client_id
+        self._stable_txn_id = transactional_id
+        self._replication_factor = replication_factor
+        self._dedupe = _DedupeCache(dedupe_capacity)
+        self._in_flight: dict[str, asyncio.Future[Position]] = {}
+        self._admin: AIOKafkaAdminClient | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._txn_producer: AIOKafkaProducer | None = None
+        self._txn_lock = asyncio.Lock()
+        self._reader: AIOKafkaConsumer | None = None
+        self._read_lock = asyncio.Lock()
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def bootstrap(self) -> str:
+        return self._bootstrap
+
+    @property
+    def _timeout_ms(self) -> int:
+        return int(self._timeout_s * 1000)
+
+    async def start(self) -> None:
+        """Connect, create the topic if missing, and start the producer and the reader."""
+        if self._producer is not None:
+            return
+        try:
+            self._admin = AIOKafkaAdminClient(
+                bootstrap_servers=self._bootstrap,
+                client_id=f"{self._client_id}-admin",
+                request_timeout_ms=self._timeout_ms,
+            )
+            await _bounded(self._admin.start(), self._timeout_s, "admin connect")
+            await self.ensure_topic(self._topic, self._partitions)
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self._bootstrap,
+                client_id=self._client_id,
+                enable_idempotence=True,
+                acks="all",
+                request_timeout_ms=self._timeout_ms,
+            )
+            await _bounded(producer.start(), self._timeout_s, "producer start")
+            self._producer = producer
+            reader = AIOKafkaConsumer(
+                bootstrap_servers=self._bootstrap,
+                client_id=f"{self._client_id}-reader",
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                isolation_level="read_committed",
+                request_timeout_ms=self._timeout_ms,
+            )
+            await _bounded(reader.start(), self._timeout_s, "reader start")
+            self._reader = reader
+            if self._stable_txn_id is not None:
+                # Initialising a stable transactional id fences a crashed predecessor and
+                # aborts its open transaction, which would otherwise hold back the LSO.
+                await self._transactional_producer()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def ensure_topic(
+        self, name: str, partitions: int | None = None, configs: dict[str, str] | None = None
+    ) -> int:
+        """Create topic ``name`` (unlimited retention) unless it exists; its partition count.
+
+        Used for the events topic and the dead-letter topic. When the events topic already
+        exists with a different partition count, raises :class:`ConfigurationError`: owners
+        would map to other partitions than the local transport gives them.
+        """
+        if self._admin is None:
+            raise TransportError("kafka transport is not started")
+        wanted = partitions if partitions is not None else self._partitions
+        topic = NewTopic(
+            name,
+            num_partitions=wanted,
+            replication_factor=self._replication_factor,
+            topic_configs={**_RETENTION_FOREVER, **(configs or {})},
+        )
+        response = await _bounded(
+            self._admin.create_topics([topic], timeout_ms=self._timeout_ms),
+            self._timeout_s,
+            f"create topic {name}",
+        )
+        for error in response.topic_errors:
+            code, message = error[1], error[2] if len(error) > 2 else None
+            if code not in (0, _TOPIC_EXISTS):
+                raise TransportError(f"kafka: cannot create topic {name}: {code} {message}")
+        actual = await self._partition_count(name)
+        if name == self._topic and actual != self._partitions:
+            raise ConfigurationError(
+                f"topic {name} has {actual} partitions but this transport is configured "
+                f"for {self._partitions}"
+            )
+        return actual
+
+    async def _partition_count(self, name: str) -> int:
+        assert self._admin is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        while True:
+            topics = await _bounded(
+                self._admin.describe_topics([name]), self._timeout_s, f"describe topic {name}"
+            )
+            found = [t for t in topics if t["topic"] == name and t["error_code"] == 0]
+            if found and found[0]["partitions"]:
+                return len(found[0]["partitions"])
+            if loop.time() >= deadline:
+                raise TransportError(f"kafka: topic {name} has no metadata after creation")
+            await asyncio.sleep(0.1)  # metadata propagation poll interval
+
+    async def close(self) -> None:
+        """Stop every client this transport holds; safe to call twice."""
+        clients: list[Any] = [self._reader, self._txn_producer, self._producer, self._admin]
+        self._reader = self._txn_producer = self._producer = None
+        self._admin = None
+        for client in clients:
+            if client is None:
+                continue
+            stop = client.close() if isinstance(client, AIOKafkaAdminClient) else client.stop()
+            await _stop_quietly(stop, self._timeout_s)
+
+    def partition_for(self, key: bytes) -> int:
+        return partition_for_key(key, self._partitions)
+
+    async def append(self, item: LogItem) -> Position:
+        """Append one record; a repeated ``dedupe_key`` returns the first position."""
+        key = item.dedupe_key
+        if key is None:
+            return await self._send(item)
+        known = self._dedupe.get(key)
+        if known is not None:
+            return known
+        pending = self._in_flight.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = future
+        try:
+            position = await self._send(item)
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # marks it retrieved when nobody else was waiting
+            raise
+        finally:
+            del self._in_flight[key]
+        self._dedupe.put(key, position)
+        future.set_result(position)
+        return position
+
+    async def _send(self, item: LogItem) -> Position:
+        producer = self._require(self._producer)
+        partition = self.partition_for(item.key)
+        metadata = await _bounded(
+            producer.send_and_wait(self._topic, item.value, key=item.key, partition=partition),
+            self._timeout_s,
+            "append",
+        )
+        return Position(metadata.partition, metadata.offset)
+
+    async def append_many(self, items: Sequence[LogItem]) -> list[Position]:
+        """Append all items in one Kafka transaction: every item is committed or none is.
+
+        Items whose ``dedupe_key`` was already appended through this transport are not
+        written again and get their first position.
+        """
+        positions: list[Position | None] = [None] * len(items)
+        batch_keys: dict[str, int] = {}
+        to_write: list[int] = []
+        for index, item in enumerate(items):
+            key = item.dedupe_key
+            known = self._dedupe.get(key) if key is not None else None
+            if known is not None:
+                positions[index] = known
+            elif key is not None and key in batch_keys:
+                continue  # a repeat inside the batch: filled from its first occurrence
+            else:
+                if key is not None:
+                    batch_keys[key] = index
+                to_write.append(index)
+        if to_write:
+            written = await self._send_transaction([items[i] for i in to_write])
+            for index, position in zip(to_write, written, strict=True):
+                positions[index] = position
+                key = items[index].dedupe_key
+                if key is not None:
+                    self._dedupe.put(key, position)
+        for index, item in enumerate(items):
+            if positions[index] is None and item.dedupe_key is not None:
+                positions[index] = positions[batch_keys[item.dedupe_key]]
+        return [p for p in positions if p is not None]
+
+    async def _send_transaction(self, items: Sequence[LogItem]) -> list[Position]:
+        async with self._txn_lock:
+            producer = await self._transactional_producer()
+            try:
+                return await _bounded(
+                    self._transaction(producer, items), self._timeout_s, "atomic append"
+                )
+            except BaseException:
+                # A failed transaction can leave the producer fenced or in a fatal state:
+                # drop it, the next batch starts a fresh one.
+                self._txn_producer = None
+                await _stop_quietly(producer.stop(), self._timeout_s)
+                raise
+
+    async def _transaction(
+        self, producer: AIOKafkaProducer, items: Sequence[LogItem]
+    ) -> list[Position]:
+        async with producer.transaction():
+            deliveries = [
+                await producer.send(
+                    self._topic, item.value, key=item.key, partition=self.partition_for(item.key)
+                )
+                for item in items
+            ]
+            sent = await asyncio.gather(*deliveries)
+        return [Position(m.partition, m.offset) for m in sent]
+
+    async def _transactional_producer(self) -> AIOKafkaProducer:
+        self._require(self._producer)
+        if self._txn_producer is None:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self._bootstrap,
+                client_id=f"{self._client_id}-txn",
+                transactional_id=self._stable_txn_id or f"{self._client_id}-{uuid.uuid4()}",
+                enable_idempotence=True,
+                acks="all",
+                request_timeout_ms=self._timeout_ms,
+            )
+            await _bounded(producer.start(), self._timeout_s, "transactional producer start")
+            self._txn_producer = producer
+        return self._txn_producer
+
+    async def read(self, partition: int, offset: int, max_records: int = 500) -> list[LogEntry]:
+        """Committed records of ``partition`` from ``offset`` on; ``[]`` at the end."""
+        if not 0 <= partition < self._partitions:
+            raise ValueError(f"partition {partition} out of range 0..{self._partitions - 1}")
+        if offset < 0 or max_records <= 0:
+            raise ValueError("offset must be >= 0 and max_records > 0")
+        reader = self._require(self._reader)
+        tp = TopicPartition(self._topic, partition)
+        async with self._read_lock:
+            end = (await _bounded(reader.end_offsets([tp]), self._timeout_s, "end offsets"))[tp]
+            if offset >= end:
+                return []
+            reader.assign([tp])
+            reader.seek(tp, offset)
+            return await _bounded(
+                self._read_until(reader, tp, end, max_records), self._timeout_s, "read"
+            )
+
+    @staticmethod
+    async def _read_until(
+        reader: AIOKafkaConsumer, tp: TopicPartition, end: int, max_records: int
+    ) -> list[LogEntry]:
+        entries: list[LogEntry] = []
+        while len(entries) < max_records:
+            batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
+            entries.extend(_entry(record) for record in batch.get(tp, []))
+            # Aborted records and transaction markers advance the position without records.
+            if await reader.position(tp) >= end:
+                break
+        return entries
+
+    async def end_offsets(self) -> dict[int, int]:
+        """Next offset per partition as a read_committed reader sees it (the LSO)."""
+        reader = self._require(self._reader)
+        tps = [TopicPartition(self._topic, p) for p in range(self._partitions)]
+        ends = await _bounded(reader.end_offsets(tps), self._timeout_s, "end offsets")
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+    def consumer(self, group: str) -> KafkaLogConsumer:
+        return KafkaLogConsumer(
+            self._bootstrap,
+            self._topic,
+            group,
+            request_timeout_s=self._timeout_s,
+            client_id=self._client_id,
+        )
+
+    async def __aenter__(self) -> KafkaLogTransport:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @staticmethod
+    def _require(client: T | None) -> T:
+        if client is None:
+            raise TransportError("kafka transport is not started")
+        return client
+
+
+class _Listener(ConsumerRebalanceListener):
+    """Forwards aiokafka's rebalance events as partition-number sets."""
+
+    def __init__(
+        self, topic: str, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback
+    ) -> None:
+        self._topic = topic
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        partitions = {tp.partition for tp in revoked if tp.topic == self._topic}
+        if partitions:
+            await self._on_revoked(partitions)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        partitions = {tp.partition for tp in assigned if tp.topic == self._topic}
+        if partitions:
+            await self._on_assigned(partitions)
+
+
+class KafkaLogConsumer(LogConsumer):
+    """A consumer-group member: the group gives each partition to one member.
+
+    Offsets are never committed to the broker; the caller seeks to the offsets stored
+    with its read models (in ``on_assigned``). Without a seek a partition starts at the
+    beginning.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        *,
+        request_timeout_s: float = 30.0,
+        client_id: str = "prme",
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 3_000,
+    ) -> None:
+        self._topic = topic
+        self._timeout_s = request_timeout_s
+        self._settings: dict[str, Any] = {
+            "bootstrap_servers": bootstrap,
+            "client_id": f"{client_id}-{group}",
+            "group_id": group,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "isolation_level": "read_committed",
+            "session_timeout_ms": session_timeout_ms,
+            "heartbeat_interval_ms": heartbeat_interval_ms,
+            "request_timeout_ms": int(request_timeout_s * 1000),
+        }
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
+        if self._consumer is not None:
+            raise TransportError("consumer already started")
+        consumer = AIOKafkaConsumer(**self._settings)
+        consumer.subscribe(
+            topics=[self._topic], listener=_Listener(self._topic, on_assigned, on_revoked)
+        )
+        # The first assignment can arrive inside start(), and its callback may seek.
+        self._consumer = consumer
+        try:
+            await _bounded(consumer.start(), self._timeout_s, "consumer start")
+        except BaseException:
+            self._consumer = None
+            await _stop_quietly(consumer.stop(), self._timeout_s)
+            raise
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        await _stop_quietly(consumer.stop(), self._timeout_s)
+
+    def _require(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise TransportError("kafka consumer is not started")
+        return self._consumer
+
+    def seek(self, partition: int, offset: int) -> None:
+        self._require().seek(TopicPartition(self._topic, partition), offset)
+
+    def assignment(self) -> set[int]:
+        """Partitions currently assigned to this member."""
+        return {tp.partition for tp in self._require().assignment() if tp.topic == self._topic}
+
+    async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
+        batches = await _bounded(
+            self._require().getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records),
+            timeout_s + self._timeout_s,
+            "poll",
+        )
+        return {
+            tp.partition: [_entry(record) for record in records]
+            for tp, records in batches.items()
+            if records
+        }

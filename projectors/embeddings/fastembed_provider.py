@@ -1,0 +1,178 @@
+"""``FastEmbedProvider``: local ONNX embeddings through fastembed.
+
+The model loads lazily on the first ``embed`` (construction never loads or downloads
+weights). Texts are encoded sorted by length, because fastembed pads each batch to its
+longest text, and the results are returned in input order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import fastembed
+from fastembed import TextEmbedding
+from prme.schemas.config import Settings
+from prme.schemas.errors import InvalidEmbedding
+
+from .model_assets import (
+    DEFAULT_MODEL_NAME,
+    MAX_LENGTH,
+    MODEL_FILE,
+    ONNX_SHA256,
+    ensure_default_model,
+)
+from .validation import check_texts
+
+__all__ = ["DEFAULT_MODEL_NAME", "FastEmbedProvider", "registered_model"]
+
+
+def registered_model(model_name: str) -> dict[str, Any] | None:
+    """fastembed's metadata for ``model_name`` (no weights are loaded), or ``None``."""
+    wanted = model_name.lower()
+    for description in TextEmbedding.list_supported_models():
+        if str(description["model"]).lower() == wanted:
+            return description
+    return None
+
+
+class FastEmbedProvider:
+    """Document embeddings from a fastembed ONNX model (same recipe for queries: this
+    class has no ``embed_query``; subclass it to add a query recipe)."""
+
+    def __init__(
+        self,
+        model_name: str = DEFAULT_MODEL_NAME,
+        *,
+        dimension: int | None = None,
+        model_path: Path | None = None,
+        models_dir: Path | None = None,
+        batch_size: int = 32,
+        threads: int | None = None,
+    ) -> None:
+        if not isinstance(model_name, str) or not model_name.strip():
+            raise InvalidEmbedding(f"model_name must be a non-empty str, got {model_name!r}")
+        if dimension is not None and (
+            isinstance(dimension, bool) or not isinstance(dimension, int) or dimension <= 0
+        ):
+            raise InvalidEmbedding(f"dimension must be a positive int, got {dimension!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise InvalidEmbedding(f"batch_size must be a positive int, got {batch_size!r}")
+        description = registered_model(model_name)
+        if description is None:
+            if dimension is None:
+                raise InvalidEmbedding(
+                    f"model {model_name!r} is not registered with fastembed: declare its "
+                    "dimension explicitly (FastEmbedProvider(..., dimension=N))"
+                )
+        elif dimension is None:
+            dimension = int(description["dim"])
+        elif dimension != int(description["dim"]):
+            raise InvalidEmbedding(
+                f"model {model_name!r} produces {description['dim']}-d vectors, "
+                f"not the declared {dimension}"
+            )
+        self._model_name = model_name
+        self._dimension = dimension
+        self._description = description
+        self._model_path = Path(model_path) if model_path is not None else None
+        self._models_dir = Path(models_dir) if models_dir is not None else None
+        self._batch_size = batch_size
+        self._threads = threads
+        self._is_default = model_name.lower() == DEFAULT_MODEL_NAME.lower()
+        self._version = self._describe_version()
+        self._model: TextEmbedding | None = None
+        self._load_lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def model_version(self) -> str:
+        return self._version
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, in input order (encoded in a worker thread)."""
+        batch = check_texts(texts)
+        if not batch:
+            return []
+        return await asyncio.to_thread(self.encode_sync, batch)
+
+    def encode_sync(self, texts: Sequence[str]) -> list[list[float]]:
+        """The blocking encoder behind ``embed``: sort by length, encode in batches of
+        ``batch_size``, restore input order."""
+        batch = check_texts(texts)
+        if not batch:
+            return []
+        model = self._loaded()
+        order = sorted(range(len(batch)), key=lambda index: len(batch[index]))
+        encoded = model.embed([batch[index] for index in order], batch_size=self._batch_size)
+        vectors: list[list[float]] = [[] for _ in batch]
+        for index, vector in zip(order, encoded, strict=True):
+            vectors[index] = vector.tolist()
+        return vectors
+
+    def _loaded(self) -> TextEmbedding:
+        with self._load_lock:
+            if self._model is None:
+                self._model = self._load()
+            return self._model
+
+    def _load(self) -> TextEmbedding:
+        if self._description is None:
+            raise InvalidEmbedding(
+                f"model {self._model_name!r} is not registered with fastembed; register it "
+                "with TextEmbedding.add_custom_model before the first embed"
+            )
+        options: dict[str, Any] = {"threads": self._threads}
+        if self._model_path is not None:
+            options["specific_model_path"] = str(self._model_path)
+        elif self._is_default:
+            models_dir = self._models_dir or Settings().models_path
+            options["specific_model_path"] = str(ensure_default_model(models_dir))
+        elif self._models_dir is not None:
+            options["cache_dir"] = str(self._models_dir)
+        return TextEmbedding(self._model_name, **options)
+
+    def _describe_version(self) -> str:
+        recipe = "doc=plain:query=plain"
+        default_version = f"onnx-int8:{ONNX_SHA256[:12]}:{recipe}:maxlen={MAX_LENGTH}:norm=l2"
+        if self._model_path is None:
+            if self._is_default:
+                return default_version
+            source = ""
+            if self._description is not None:
+                sources = self._description.get("sources") or {}
+                source = str(sources.get("hf") or sources.get("url") or "")
+            return f"fastembed-{fastembed.__version__}:{source or self._model_name}:{recipe}"
+        model_file = MODEL_FILE
+        if self._description is not None:
+            model_file = str(self._description.get("model_file") or MODEL_FILE)
+        digest = _sha256_file(self._model_path / model_file)
+        if self._is_default and digest == ONNX_SHA256:
+            return default_version
+        return f"onnx:{digest[:12]}:{recipe}:fastembed-{fastembed.__version__}"
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+    except OSError as error:
+        raise InvalidEmbedding(f"cannot read the model file {path}: {error}") from error
+    return digest.hexdigest()

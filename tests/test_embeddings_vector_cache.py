@@ -1,0 +1,139 @@
+"""VectorCache: durable vectors keyed by (embedding identity, content hash)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.protocol import EmbeddingIdentity
+from prme.projectors.embeddings.vector_cache import (
+    VectorCache,
+    as_float32,
+    content_hash,
+    embed_with_cache,
+)
+
+
+class Counting(HashedBagOfWordsProvider):
+    def __init__(self, dimension: int = 16, version: str = "v1") -> None:
+        super().__init__(dimension=dimension)
+        self.calls: list[list[str]] = []
+        self.version = version
+        self.poison: object = None
+
+    @property
+    def model_version(self) -> str:
+        return self.version
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        vectors = await super().embed(texts)
+        if self.poison is not None:
+            vectors[0] = self.poison  # type: ignore[call-overload]
+        return vectors
+
+
+def test_content_hash_is_the_sha256_of_the_utf8_text() -> None:
+    assert content_hash("héllo") == hashlib.sha256("héllo".encode()).hexdigest()
+    assert content_hash("a") != content_hash("a ")
+
+
+def test_put_then_get_round_trips_as_float32(tmp_path: Path) -> None:
+    identity = EmbeddingIdentity("m", "v", 3)
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        cache.put_many(identity, ["a", "b"], [[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]])
+        got = cache.get_many(identity, ["b", "missing", "a", "a"])
+    assert got[0] == [1.0, -1.0, 0.5]
+    assert got[1] is None
+    assert got[2] == as_float32([0.1, 0.2, 0.3]) == got[3]
+    assert got[2] is not got[3]
+    assert np.allclose(got[2], [0.1, 0.2, 0.3], atol=1e-7)
+
+
+def test_vectors_survive_reopening(tmp_path: Path) -> None:
+    identity = EmbeddingIdentity("m", "v", 2)
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        cache.put_many(identity, ["kept"], [[0.5, 0.25]])
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        assert cache.get_many(identity, ["kept"]) == [[0.5, 0.25]]
+        assert cache.count() == 1
+
+
+def test_a_different_identity_misses(tmp_path: Path) -> None:
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        cache.put_many(EmbeddingIdentity("m", "v1", 2), ["t"], [[0.5, 0.25]])
+        assert cache.get_many(EmbeddingIdentity("m", "v2", 2), ["t"]) == [None]
+        assert cache.get_many(EmbeddingIdentity("other", "v1", 2), ["t"]) == [None]
+        assert cache.get_many(EmbeddingIdentity("m", "v1", 3), ["t"]) == [None]
+
+
+def test_a_malformed_batch_stores_nothing(tmp_path: Path) -> None:
+    identity = EmbeddingIdentity("m", "v", 2)
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        with pytest.raises(ValueError, match="vector 1"):
+            cache.put_many(identity, ["a", "b"], [[0.5, 0.25], [math.nan, 0.0]])
+        with pytest.raises(ValueError, match="returned 1 vectors for 2 inputs"):
+            cache.put_many(identity, ["a", "b"], [[0.5, 0.25]])
+        assert cache.count() == 0
+
+
+async def test_a_second_embed_with_cache_makes_zero_provider_calls(tmp_path: Path) -> None:
+    provider = Counting()
+    texts = ["alpha beta", "gamma", "alpha beta", "delta"]
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        first = await embed_with_cache(provider, cache, texts)
+        assert provider.calls == [["alpha beta", "gamma", "delta"]]
+        second = await embed_with_cache(provider, cache, texts)
+    assert provider.calls == [["alpha beta", "gamma", "delta"]]
+    assert first == second
+    assert first[0] == first[2] and first[0] is not first[2]
+    assert first[1] == as_float32(provider.vector("gamma"))
+
+
+async def test_only_misses_are_encoded_in_one_call(tmp_path: Path) -> None:
+    provider = Counting()
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        await embed_with_cache(provider, cache, ["a", "b"])
+        result = await embed_with_cache(provider, cache, ["c", "a", "d", "c"])
+    assert provider.calls[-1] == ["c", "d"]
+    assert len(provider.calls) == 2
+    assert result[0] == result[3] == as_float32(provider.vector("c"))
+
+
+async def test_changing_the_model_misses_by_construction(tmp_path: Path) -> None:
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        await embed_with_cache(Counting(version="v1"), cache, ["a"])
+        other = Counting(version="v2")
+        await embed_with_cache(other, cache, ["a"])
+        assert other.calls == [["a"]]
+        wider = Counting(dimension=32)
+        assert len((await embed_with_cache(wider, cache, ["a"]))[0]) == 32
+        assert wider.calls == [["a"]]
+
+
+async def test_embed_with_cache_validates_before_storing(tmp_path: Path) -> None:
+    provider = Counting()
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        await embed_with_cache(provider, cache, ["earlier"])
+        provider.poison = ["0.5"] * 16
+        with pytest.raises(ValueError, match="vector 0: component 0 is str"):
+            await embed_with_cache(provider, cache, ["a", "b"])
+        assert cache.count() == 1
+        provider.poison = None
+        await embed_with_cache(provider, cache, ["a", "b", "earlier"])
+        assert provider.calls[-1] == ["a", "b"]
+
+
+async def test_a_large_batch_is_looked_up_in_chunks(tmp_path: Path) -> None:
+    provider = Counting(dimension=4)
+    texts = [f"text {index}" for index in range(1200)]
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        first = await embed_with_cache(provider, cache, texts)
+        second = await embed_with_cache(provider, cache, texts)
+    assert len(provider.calls) == 1
+    assert first == second

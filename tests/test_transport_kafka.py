@@ -1,0 +1,224 @@
+"""The transport contract on a real Kafka broker, plus what only Kafka shows."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from prme.producers.kafka_log import KafkaLogTransport
+from prme.producers.transport import LogItem
+from prme.schemas.config import Settings
+from prme.schemas.errors import ConfigurationError, TransportError
+
+from .transport_contract import TransportContract
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 4
+
+
+class TestKafkaTransport(TransportContract):
+    @pytest.fixture
+    def settings(self, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str) -> Settings:
+        return Settings(data_dir=str(tmp_path / "data")).replace(
+            log={
+                "transport": "kafka",
+                "bootstrap": kafka_bootstrap,
+                "topic": kafka_topic,
+                "partitions": PARTITIONS,
+                "request_timeout_s": 30.0,
+                "transactional_id": f"prme-test-{uuid.uuid4().hex}",
+            }
+        )
+
+
+@pytest.fixture
+async def transport(kafka_bootstrap: str, kafka_topic: str) -> AsyncIterator[KafkaLogTransport]:
+    transport = KafkaLogTransport(kafka_bootstrap, kafka_topic, PARTITIONS)
+    await transport.start()
+    yield transport
+    await transport.close()
+
+
+def _item(owner: str, value: str, dedupe_key: str | None = None) -> LogItem:
+    return LogItem(owner.encode(), value.encode(), dedupe_key)
+
+
+async def _create_topic(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await asyncio.wait_for(admin.start(), 30)
+    try:
+        topic_spec = NewTopic(topic, PARTITIONS, 1, topic_configs=configs)
+        await asyncio.wait_for(admin.create_topics([topic_spec]), 30)
+    finally:
+        await admin.close()
+
+
+async def test_topic_is_created_with_unlimited_retention(
+    transport: KafkaLogTransport, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap, request_timeout_ms=10_000)
+    await asyncio.wait_for(admin.start(), 30)
+    try:
+        [response] = await asyncio.wait_for(
+            admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, kafka_topic)]), 30
+        )
+    finally:
+        await admin.close()
+    configs = {entry[0]: entry[1] for entry in response.resources[0][4]}
+    assert configs["retention.ms"] == "-1"
+    assert configs["retention.bytes"] == "-1"
+
+
+async def test_existing_topic_with_another_partition_count_is_refused(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    await _create_topic(kafka_bootstrap, kafka_topic, {})
+    transport = KafkaLogTransport(kafka_bootstrap, kafka_topic, PARTITIONS * 2)
+    with pytest.raises(ConfigurationError, match=f"has {PARTITIONS} partitions"):
+        await transport.start()
+    await transport.close()
+
+
+async def test_failed_atomic_append_leaves_nothing_visible(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    # The broker rejects the oversized record after the others were sent in the same
+    # transaction; the transaction aborts and read_committed readers see none of them.
+    await _create_topic(kafka_bootstrap, kafka_topic, {"max.message.bytes": "2000"})
+    transport = KafkaLogTransport(kafka_bootstrap, kafka_topic, PARTITIONS)
+    await transport.start()
+    try:
+        before = await transport.end_offsets()
+        small = [_item(owner, "small") for owner in ("alice", "bob", "carol")]
+        oversized = LogItem(b"alice", b"x" * 10_000)
+        with pytest.raises(TransportError):
+            await transport.append_many([*small, oversized])
+        for partition in range(PARTITIONS):
+            assert await transport.read(partition, before[partition]) == []
+        after = await transport.append_many([_item("alice", "next")])
+        entries = await transport.read(after[0].partition, before[after[0].partition])
+        assert [e.value for e in entries] == [b"next"]
+    finally:
+        await transport.close()
+
+
+async def test_open_transaction_is_invisible_until_committed(
+    transport: KafkaLogTransport,
+) -> None:
+    partition = transport.partition_for(b"alice")
+    committed = await transport.append(_item("alice", "committed"))
+    producer = await transport._transactional_producer()
+    await producer.begin_transaction()
+    await (await producer.send(transport.topic, b"pending", key=b"alice", partition=partition))
+    assert (await transport.end_offsets())[partition] == committed.offset + 1
+    assert [e.value for e in await transport.read(partition, 0)] == [b"committed"]
+    await producer.abort_transaction()
+    assert [e.value for e in await transport.read(partition, 0)] == [b"committed"]
+
+
+async def test_dedupe_key_in_a_batch_returns_the_first_position(
+    transport: KafkaLogTransport,
+) -> None:
+    first = await transport.append(_item("alice", "one", dedupe_key="k1"))
+    positions = await transport.append_many(
+        [
+            _item("alice", "one", dedupe_key="k1"),
+            _item("alice", "two", dedupe_key="k2"),
+            _item("alice", "two", dedupe_key="k2"),
+        ]
+    )
+    assert positions[0] == first
+    assert positions[1] == positions[2]
+    values = [e.value for e in await transport.read(first.partition, 0)]
+    assert values == [b"one", b"two"]
+
+
+async def test_concurrent_appends_with_one_dedupe_key_write_once(
+    transport: KafkaLogTransport,
+) -> None:
+    positions = await asyncio.gather(
+        *(transport.append(_item("alice", "same", dedupe_key="req-1")) for _ in range(5))
+    )
+    assert len(set(positions)) == 1
+    assert [e.value for e in await transport.read(positions[0].partition, 0)] == [b"same"]
+
+
+async def test_group_members_split_partitions_and_revoke_on_rebalance(
+    transport: KafkaLogTransport,
+) -> None:
+    group = f"group-{uuid.uuid4().hex}"
+    assigned: dict[str, set[int]] = {"a": set(), "b": set()}
+    revoked: dict[str, list[set[int]]] = {"a": [], "b": []}
+    changed = asyncio.Event()
+
+    def callbacks(name: str):  # type: ignore[no-untyped-def]
+        async def on_assigned(partitions: set[int]) -> None:
+            assigned[name] = set(partitions)
+            changed.set()
+
+        async def on_revoked(partitions: set[int]) -> None:
+            revoked[name].append(set(partitions))
+            assigned[name] -= partitions
+            changed.set()
+
+        return on_assigned, on_revoked
+
+    async def wait_until(condition, timeout_s: float = 45.0) -> None:  # type: ignore[no-untyped-def]
+        async def loop() -> None:
+            while not condition():
+                changed.clear()
+                await asyncio.wait_for(changed.wait(), timeout_s)
+
+        await asyncio.wait_for(loop(), timeout_s)
+
+    first, second = transport.consumer(group), transport.consumer(group)
+    await first.start(*callbacks("a"))
+    polling = {"a": first}
+    stop = asyncio.Event()
+
+    async def keep_polling() -> None:
+        while not stop.is_set():
+            for consumer in list(polling.values()):
+                await consumer.poll(100, 0.2)
+
+    poller = asyncio.create_task(keep_polling())
+    try:
+        await wait_until(lambda: assigned["a"] == set(range(PARTITIONS)))
+        await second.start(*callbacks("b"))
+        polling["b"] = second
+        await wait_until(
+            lambda: (
+                bool(assigned["a"])
+                and bool(assigned["b"])
+                and assigned["a"] | assigned["b"] == set(range(PARTITIONS))
+            )
+        )
+        assert not assigned["a"] & assigned["b"]
+        assert revoked["a"] and revoked["a"][0] == set(range(PARTITIONS))
+        assert first.assignment() == assigned["a"]
+    finally:
+        stop.set()
+        await poller
+        await first.close()
+        await second.close()
+
+
+async def test_operations_before_start_fail_clearly(kafka_bootstrap: str) -> None:
+    transport = KafkaLogTransport(kafka_bootstrap, "never-started", PARTITIONS)
+    with pytest.raises(TransportError, match="not started"):
+        await transport.append(_item("alice", "x"))
+
+
+async def test_unreachable_broker_fails_within_the_timeout() -> None:
+    transport = KafkaLogTransport("127.0.0.1:1", "t", PARTITIONS, request_timeout_s=2.0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TransportError):
+        await transport.start()
+    assert loop.time() - started < 10
