@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from prme.projectors.model import MODEL_NAMES
 from prme.schemas.config import Settings
 
 
@@ -104,6 +107,89 @@ def _models_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from prme.query.serve import run_server
+    from prme.schemas.errors import ConfigurationError
+
+    settings = _settings(args)
+    service: dict[str, Any] = {}
+    if args.host:
+        service["host"] = args.host
+    if args.port is not None:
+        service["port"] = args.port
+    if service:
+        settings = settings.replace(service=service)
+    try:
+        asyncio.run(run_server(settings, log_level=args.log_level))
+    except ConfigurationError as error:
+        print(f"prme serve: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+async def _project(settings: Settings) -> None:
+    from prme.producers.factory import open_transport
+    from prme.projectors.dead_letters import open_dead_letters
+    from prme.projectors.runner import ProjectorRunner
+    from prme.query.engine import default_provider
+
+    transport, dead_letters = open_transport(settings), open_dead_letters(settings)
+    await transport.start()
+    await dead_letters.start()
+    runner = ProjectorRunner(
+        settings, transport, default_provider(settings), dead_letters=dead_letters
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await runner.start()
+        print(f"projecting {sorted(runner.shards)} into {settings.data_dir}", file=sys.stderr)
+        await stop.wait()
+    finally:
+        await runner.close()
+        await dead_letters.close()
+        await transport.close()
+
+
+def _project_command(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if args.workers <= 1:
+        asyncio.run(_project(settings))
+        return 0
+    if settings.log.transport != "kafka":
+        print(
+            "prme project: --workers > 1 needs the kafka transport (the consumer group splits "
+            "partitions); the local log is projected by one process",
+            file=sys.stderr,
+        )
+        return 2
+    command = [sys.executable, "-m", "prme.cli", "project", "--workers", "1"]
+    for option in ("data_dir", "transport", "bootstrap"):
+        if getattr(args, option, None):
+            command += [f"--{option.replace('_', '-')}", getattr(args, option)]
+    workers = [subprocess.Popen(command) for _ in range(args.workers)]
+    try:
+        return max(worker.wait() for worker in workers)
+    except KeyboardInterrupt:
+        for worker in workers:
+            worker.send_signal(signal.SIGINT)
+        return max(worker.wait() for worker in workers)
+
+
+async def _rebuild(args: argparse.Namespace) -> int:
+    from prme.query.engine import MemoryEngine
+
+    models = MODEL_NAMES if args.model == "all" else (args.model,)
+    async with await MemoryEngine.open(settings=_settings(args)) as engine:
+        replayed = await engine.rebuild(models)
+    print(msgspec.json.encode({"models": list(models), "replayed": replayed}).decode())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prme", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -126,6 +212,27 @@ def build_parser() -> argparse.ArgumentParser:
     pull = models_commands.add_parser("pull", help="assemble the default model offline")
     pull.add_argument("--models-dir", help="default ~/.cache/prme/models (PRME_MODELS_DIR)")
     pull.set_defaults(run=_models_pull)
+
+    project = commands.add_parser("project", help="run projector workers until interrupted")
+    project.add_argument("--workers", type=int, default=1, help="processes in the consumer group")
+    _add_log_options(project)
+    project.set_defaults(run=_project_command)
+
+    rebuild = commands.add_parser(
+        "rebuild", help="replay the log into fresh read models and swap them in (blue/green)"
+    )
+    rebuild.add_argument("--model", choices=["all", *MODEL_NAMES], default="all")
+    _add_log_options(rebuild)
+    rebuild.set_defaults(run=lambda a: asyncio.run(_rebuild(a)))
+
+    serve = commands.add_parser("serve", help="run the HTTP service (docs/HTTP.md)")
+    serve.add_argument("--host", help="bind address (PRME_SERVICE__HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (PRME_SERVICE__PORT, default 8765)")
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    _add_log_options(serve)
+    serve.set_defaults(run=_serve)
     return parser
 
 

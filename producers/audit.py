@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
+
 from prme.schemas.codec import decode_record
 from prme.schemas.errors import RecordDecodeError
 

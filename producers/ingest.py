@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
+
 from prme.schemas.errors import InvalidInput
 
 from .producer import MessageDraft, Producer

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
+
 from prme.schemas.errors import ConfigurationError, TransportError
 
 from .partitioner import partition_for_key
@@ -494,16 +495,23 @@ class KafkaLogConsumer(LogConsumer):
     def seek(self, partition: int, offset: int) -> None:
         self._require().seek(TopicPartition(self._topic, partition), offset)
 
+    async def position(self, partition: int) -> int:
+        tp = TopicPartition(self._topic, partition)
+        return int(await _bounded(self._require().position(tp), self._timeout_s, "position"))
+
     def assignment(self) -> set[int]:
         """Partitions currently assigned to this member."""
         return {tp.partition for tp in self._require().assignment() if tp.topic == self._topic}
 
     async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
-        batches = await _bounded(
-            self._require().getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records),
-            timeout_s + self._timeout_s,
-            "poll",
-        )
+        # getmany has its own deadline; wrapping it in wait_for as well left a cancelled
+        # poll hanging (the runner's close waited on it forever).
+        try:
+            batches = await self._require().getmany(
+                timeout_ms=int(timeout_s * 1000), max_records=max_records
+            )
+        except KafkaError as error:
+            raise TransportError(f"kafka: poll failed: {error!r}") from error
         return {
             tp.partition: [_entry(record) for record in records]
             for tp, records in batches.items()

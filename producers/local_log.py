@@ -240,6 +240,9 @@ class LocalLogConsumer:
     def seek(self, partition: int, offset: int) -> None:
         self._positions[partition] = offset
 
+    async def position(self, partition: int) -> int:
+        return self._positions[partition]
+
     async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:

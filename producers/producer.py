@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 import uuid_utils
+
 from prme.schemas.codec import encode_record
 from prme.schemas.config import LimitsSettings
 from prme.schemas.errors import InvalidInput

@@ -87,6 +87,11 @@ class LogConsumer(Protocol):
 
     def seek(self, partition: int, offset: int) -> None: ...
 
+    async def position(self, partition: int) -> int:
+        """The offset of the next record this consumer will read from ``partition`` (past
+        Kafka's transaction markers once they are fetched)."""
+        ...
+
     async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
         """The next records of assigned partitions; may call the assignment callbacks."""
         ...

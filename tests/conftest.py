@@ -96,3 +96,38 @@ def default_model_dir() -> Path:
     from prme.schemas.config import Settings
 
     return ensure_default_model(Settings().models_path)
+
+
+# --- Engines -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hashed_provider() -> object:
+    """A deterministic bag-of-words provider: fast, and honest about not being semantic."""
+    from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+
+    return HashedBagOfWordsProvider()
+
+
+@pytest.fixture
+def local_settings(tmp_path: Path) -> object:
+    """Settings for an embedded pack in a fresh directory (4 partitions keep tests fast)."""
+    from prme.schemas.config import Settings
+
+    return Settings(data_dir=str(tmp_path / "pack")).replace(log={"partitions": 4})
+
+
+@pytest.fixture
+def kafka_settings(tmp_path: Path, kafka_bootstrap: str, kafka_topic: str) -> object:
+    """Settings for an engine on the real broker, with a fresh topic."""
+    from prme.schemas.config import Settings
+
+    return Settings(data_dir=str(tmp_path / "pack")).replace(
+        log={
+            "transport": "kafka",
+            "bootstrap": kafka_bootstrap,
+            "topic": kafka_topic,
+            "dlq_topic": kafka_topic + ".dlq",
+            "partitions": 4,
+        }
+    )

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
 from prme.projectors.embeddings.model_assets import ONNX_SHA256
 from prme.projectors.embeddings.protocol import EmbeddingProvider, QueryEmbeddingProvider
 from prme.projectors.embeddings.validation import validate_vectors
-
 from prme.storage.embedding import DEFAULT_MODEL_NAME, FastEmbedProvider
 
 

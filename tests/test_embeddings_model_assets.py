@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from prme.projectors.embeddings.model_assets import (
     DEFAULT_MODEL_DIRNAME,
     MANIFEST_FILE,

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+
 from prme.projectors.embeddings.constant import (
     HashedBagOfWordsProvider,
     HashedBagOfWordsQueryProvider,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
 from prme.producers.kafka_log import KafkaLogTransport
 from prme.producers.transport import LogItem
 from prme.schemas.config import Settings

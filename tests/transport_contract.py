@@ -176,5 +176,3 @@ class TransportContract:
         batch = [v for v in values if v.startswith(b"batch-")]
         assert len(batch) in (0, count), f"partial batch of {len(batch)} records survived"
         assert values[-1] == b"after-crash"
-
-

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
+
 from prme.schemas.errors import InvalidEmbedding
 
 from .protocol import EmbeddingIdentity

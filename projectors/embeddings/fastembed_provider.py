@@ -16,6 +16,7 @@ from typing import Any
 
 import fastembed
 from fastembed import TextEmbedding
+
 from prme.schemas.config import Settings
 from prme.schemas.errors import InvalidEmbedding
 

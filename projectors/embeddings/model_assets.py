@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 import msgspec
+
 from prme.schemas.errors import PRMEError
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from prme.schemas.errors import InvalidEmbedding
 
 from .protocol import EmbeddingIdentity

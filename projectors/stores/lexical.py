@@ -3,7 +3,7 @@
 Each message node is indexed as a document with its own text (``text``), the text of its
 neighbours in the same (owner, session, scope) (``context``, see :mod:`.lexical_windows`)
 and its speaker (``speaker``). A query searches the three fields with boosts
-(``text`` 1.0, ``context`` :data:`CONTEXT_BOOST`, ``speaker`` ``speaker_boost``); owner,
+(``text_boost``, ``context_boost`` and ``speaker_boost`` of :class:`LexicalSettings`); owner,
 scope and state are zero-score filter clauses inside the Tantivy query.
 
 Durability: the sidecar commits first, then the index commits the documents together with
@@ -41,11 +41,11 @@ from prme.schemas.records import (
 
 from .lexical_windows import LexicalDocument, SequencePoint, WindowStore
 
-TEXT_BOOST: Final = 1.0
-CONTEXT_BOOST: Final = 0.75
+TEXT_BOOST: Final = LexicalSettings().text_boost
+CONTEXT_BOOST: Final = LexicalSettings().context_boost
 """Neighbour text weighs less than the node's own text. On LoCoMo (3 dev conversations,
 382 questions) recall_any@10 was 0.686 without windows, 0.749 at 0.5, 0.775 at 0.75 and
-0.767 at 1.0."""
+0.767 at 1.0. The boosts in use come from :class:`LexicalSettings`."""
 
 MAX_QUERY_TERMS: Final = 256
 WRITER_HEAP_BYTES: Final = 48_000_000
@@ -98,8 +98,8 @@ class LexicalModel:
             window_after=settings.window_after,
         )
         self._boosts = {
-            "text": TEXT_BOOST,
-            "context": CONTEXT_BOOST,
+            "text": settings.text_boost,
+            "context": settings.context_boost,
             "speaker": settings.speaker_boost,
         }
         self._offset = self._stored_offset()

@@ -1,0 +1,61 @@
+"""How an adapter gets its ``MemoryClient``: ``directory=`` (embedded), ``url=`` with
+``api_key=`` (the HTTP service), or an existing ``client=`` that the caller keeps owning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prme.query.client import MemoryClient
+from prme.schemas.errors import ConfigurationError
+
+
+class ClientHandle:
+    """A ``MemoryClient`` and whether the adapter opened it (and so must close it)."""
+
+    def __init__(
+        self,
+        *,
+        directory: str | Path | None = None,
+        url: str | None = None,
+        api_key: str | None = None,
+        client: MemoryClient | None = None,
+        embedding_provider: Any = None,
+        settings: Any = None,
+    ) -> None:
+        given = sum(option is not None for option in (directory, url, client))
+        if given != 1:
+            raise ConfigurationError(
+                "give exactly one of directory= (embedded), url= (service) or client="
+            )
+        if client is not None:
+            if embedding_provider is not None or settings is not None:
+                raise ConfigurationError(
+                    "embedding_provider= and settings= configure a client the adapter opens; "
+                    "pass them to the MemoryClient given as client= instead"
+                )
+            self._client, self._owned = client, False
+        else:
+            self._client = MemoryClient(
+                directory,
+                url=url,
+                api_key=api_key,
+                settings=settings,
+                embedding_provider=embedding_provider,
+            )
+            self._owned = True
+        self._closed = False
+
+    @property
+    def client(self) -> MemoryClient:
+        if self._closed:
+            raise ConfigurationError("this adapter is closed")
+        return self._client
+
+    def close(self) -> None:
+        """Close the client if the adapter opened it; a given client stays open."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owned:
+            self._client.close()

@@ -1,0 +1,204 @@
+"""Ingest throughput of ``prme ingest`` on the local log and on Kafka, next to a bare
+aiokafka producer sending the same bytes in the same run (JSON on stdout).
+
+The prme figures run the CLI's own code path in-process: ``producers.ingest.ingest_lines``
+with a ``Producer`` over the transport (what ``prme ingest FILE`` does, minus the progress
+bar), reading a generated JSONL file of ~300-byte lines. The baseline is an
+``AIOKafkaProducer`` (``acks=all``, idempotent, no transactions) sending the same keys and
+the same encoded record values to the same partitions. Runs are interleaved (local,
+prme-kafka, bare, local, ...) so machine noise hits each alike; medians are quoted.
+
+    python -m benchmarks.ingest_throughput [--messages 100000] [--runs 3]
+        [--bootstrap HOST:PORT | --no-kafka] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+
+from benchmarks.common import (
+    add_common_options,
+    chat_turn,
+    emit,
+    kafka_broker,
+    machine,
+    median,
+    ratio,
+    scratch_directory,
+)
+from prme.producers.ingest import draft_from_line, ingest_lines
+from prme.producers.kafka_log import KafkaLogTransport
+from prme.producers.local_log import LocalLogTransport
+from prme.producers.partitioner import partition_for_key
+from prme.producers.producer import Producer
+from prme.producers.transport import LogTransport
+from prme.schemas.codec import encode_record
+
+
+def write_jsonl(path: Path, messages: int, owners: int, seed: int = 7) -> dict[str, float]:
+    """``messages`` ingest lines (~300 bytes each) spread over ``owners``; their sizes."""
+    rng = random.Random(seed)
+    encoder = msgspec.json.Encoder()
+    total = 0
+    with open(path, "wb") as handle:
+        for index in range(messages):
+            line = encoder.encode(
+                {
+                    "owner": f"user-{rng.randrange(owners):05d}",
+                    "session": f"s{index % 7}",
+                    "role": "user" if index % 2 else "assistant",
+                    "content": chat_turn(rng, words=34),
+                }
+            )
+            total += len(line) + 1
+            handle.write(line + b"\n")
+    return {"lines": messages, "mean_line_bytes": round(total / messages, 1)}
+
+
+def encoded_items(path: Path, partitions: int) -> list[tuple[bytes, bytes, int]]:
+    """``(key, value, partition)`` of every line, encoded exactly as prme would write it."""
+    producer = Producer(LocalLogTransport(path.with_suffix(".unused"), partitions))
+    items: list[tuple[bytes, bytes, int]] = []
+    with open(path, "rb") as handle:
+        for line in handle:
+            record = draft_from_line(line, producer)
+            key = record.owner.encode()
+            items.append((key, encode_record(record), partition_for_key(key, partitions)))
+    return items
+
+
+async def prme_ingest(path: Path, transport: LogTransport, batch_size: int) -> float:
+    """Records/s of ``ingest_lines`` from ``path`` through ``transport`` (started here)."""
+    await transport.start()
+    try:
+        with open(path, "rb") as handle:
+            summary = await ingest_lines(handle, Producer(transport), batch_size=batch_size)
+    finally:
+        await transport.close()
+    if summary.errors or summary.written != summary.lines:
+        raise RuntimeError(f"ingest wrote {summary.written} of {summary.lines} lines")
+    return summary.records_per_s
+
+
+def build_only(path: Path, partitions: int) -> float:
+    """Records/s of parsing, validating and encoding the lines without appending them."""
+    started = time.perf_counter()
+    count = len(encoded_items(path, partitions))
+    return count / (time.perf_counter() - started)
+
+
+async def bare_aiokafka(
+    bootstrap: str, topic: str, partitions: int, items: list[tuple[bytes, bytes, int]]
+) -> float:
+    """Records/s of a plain idempotent ``acks=all`` producer sending ``items``."""
+    # The prme transport creates the topic with the same settings, outside the timing.
+    async with KafkaLogTransport(bootstrap, topic, partitions) as admin:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            client_id="prme-bench-bare",
+            acks="all",
+            enable_idempotence=True,
+        )
+        await producer.start()
+        try:
+            started = time.perf_counter()
+            deliveries = [
+                await producer.send(topic, value, key=key, partition=partition)
+                for key, value, partition in items
+            ]
+            await asyncio.gather(*deliveries)
+            elapsed = time.perf_counter() - started
+        finally:
+            await producer.stop()
+        written = sum((await admin.end_offsets()).values())
+    if written != len(items):
+        raise RuntimeError(f"bare producer wrote {written} of {len(items)} records")
+    return len(items) / elapsed
+
+
+async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
+    source = work / "messages.jsonl"
+    sizes = write_jsonl(source, arguments.messages, arguments.owners)
+    partitions = arguments.partitions
+    items = encoded_items(source, partitions)
+    sizes["mean_value_bytes"] = round(sum(len(v) for _, v, _ in items) / len(items), 1)
+    rates: dict[str, list[float]] = {"local": [], "build_only": []}
+    broker = (
+        kafka_broker(arguments.bootstrap, work / "kafka")
+        if arguments.kafka
+        else contextlib.nullcontext(None)
+    )
+    with broker as bootstrap:
+        if bootstrap is not None:
+            rates["prme_kafka"] = []
+            rates["bare_aiokafka"] = []
+        for run in range(arguments.runs):
+            rates["build_only"].append(build_only(source, partitions))
+            local = LocalLogTransport(work / f"local-{run}" / "log.sqlite3", partitions)
+            rates["local"].append(await prme_ingest(source, local, arguments.batch_size))
+            if bootstrap is None:
+                continue
+            topic = f"prme-bench-ingest-{uuid.uuid4().hex[:10]}"
+            kafka = KafkaLogTransport(bootstrap, topic, partitions)
+            rates["prme_kafka"].append(await prme_ingest(source, kafka, arguments.batch_size))
+            bare_topic = f"prme-bench-bare-{uuid.uuid4().hex[:10]}"
+            rates["bare_aiokafka"].append(
+                await bare_aiokafka(bootstrap, bare_topic, partitions, items)
+            )
+    medians = {name: round(median(values), 1) for name, values in rates.items()}
+    bare = medians.get("bare_aiokafka", 0.0)
+    return {
+        "benchmark": "ingest_throughput",
+        "machine": machine(),
+        "code_path": (
+            "in-process producers.ingest.ingest_lines + Producer, as `prme ingest` runs it "
+            "(no progress bar); append_many per batch (a Kafka transaction per batch)"
+        ),
+        "baseline": (
+            "bare AIOKafkaProducer, acks=all, enable_idempotence=True, no transactions, same "
+            "keys/encoded values/partitions, all sends in flight then awaited"
+        ),
+        "messages": arguments.messages,
+        "owners": arguments.owners,
+        "partitions": partitions,
+        "batch_size": arguments.batch_size,
+        "runs": arguments.runs,
+        "input": sizes,
+        "records_per_s": medians,
+        "runs_records_per_s": {k: [round(v, 1) for v in vs] for k, vs in rates.items()},
+        "ratios": {
+            "prme_kafka_to_bare_aiokafka": ratio(medians.get("prme_kafka", 0.0), bare),
+            "local_to_bare_aiokafka": ratio(medians["local"], bare),
+            "local_to_build_only": ratio(medians["local"], medians["build_only"]),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--owners", type=int, default=1000)
+    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=500, help="as `prme ingest`")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--no-kafka", dest="kafka", action="store_false", help="local log only")
+    add_common_options(parser)
+    arguments = parser.parse_args(argv)
+    with scratch_directory(arguments.work_dir) as work:
+        report = asyncio.run(measure(arguments, work))
+    emit(report, arguments.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Retrieve latency p50/p95 at 100k memories, in-process and over HTTP (JSON on stdout).
+
+Two packs are loaded through the real write and projection path (``MemoryEngine``): 100k
+memories spread over 1,000 owners, and 100k memories of one owner. Loading 100k texts
+through the default model would take ~15 minutes, and vectors of two models are never
+comparable, so the packs are built and queried with ``HashedBagOfWordsProvider`` at the
+default model's dimension (384): the vector store's cost depends on the dimension and the
+point count, not on the model. The default model's query-embedding latency is measured
+separately, and the total is stated as ``engine p95 + embed p95``.
+
+In-process: ``MemoryEngine.retrieve`` wall time. HTTP: the same pack served by
+``query.serve.run_server`` (uvicorn, same process and event loop as the client) and
+queried with ``HttpMemoryBackend`` (httpx), after the in-process engine is closed.
+
+    python -m benchmarks.retrieve_latency [--memories 100000] [--owners 1000]
+        [--queries 200] [--no-http] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.common import (
+    LatencySummary,
+    add_common_options,
+    chat_turn,
+    emit,
+    latency_summary,
+    machine,
+    median,
+    percentile,
+    question,
+    scratch_directory,
+)
+from prme.producers.producer import MessageDraft
+from prme.producers.transport import Position
+from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
+from prme.projectors.embeddings.model_assets import ensure_default_model
+from prme.query.engine import MemoryEngine
+from prme.query.http_client import HttpMemoryBackend
+from prme.query.serve import run_server
+from prme.schemas.config import Settings
+
+TARGET_P95_MS = 50.0
+LOAD_BATCH = 1000
+
+
+async def load(engine: MemoryEngine, memories: int, owners: list[str], seed: int) -> float:
+    """Append ``memories`` messages round-robin over ``owners``; records/s until projected."""
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    latest: dict[int, Position] = {}
+    for start in range(0, memories, LOAD_BATCH):
+        drafts = [
+            MessageDraft(
+                owner=owners[index % len(owners)],
+                content=chat_turn(rng, words=rng.randint(12, 40)),
+                role="user" if index % 2 else "assistant",
+                session_id=f"s{index % 9}",
+            )
+            for index in range(start, min(start + LOAD_BATCH, memories))
+        ]
+        for result in await engine.store_many(drafts, wait=False):
+            latest[result.token.partition] = result.token
+    await engine.wait_for(list(latest.values()), timeout_s=3600)
+    return memories / (time.perf_counter() - started)
+
+
+async def query_latency(
+    backend: Any, owners: list[str], queries: int, warmup: int, seed: int
+) -> tuple[LatencySummary, dict[str, list[float]]]:
+    """Wall time of ``backend.retrieve`` over ``queries`` random (query, owner) pairs."""
+    rng = random.Random(seed)
+    for _ in range(warmup):
+        await backend.retrieve(question(rng), rng.choice(owners))
+    samples: list[float] = []
+    channels: dict[str, list[float]] = {}
+    for _ in range(queries):
+        text, owner = question(rng), rng.choice(owners)
+        started = time.perf_counter()
+        response = await backend.retrieve(text, owner, top_k=10)
+        samples.append(time.perf_counter() - started)
+        if not response.results:
+            raise RuntimeError(f"no results for {text!r} of {owner}")
+        for channel in response.receipt.channels:
+            channels.setdefault(channel.name, []).append(channel.ms)
+    return latency_summary(samples), channels
+
+
+def channel_summary(channels: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {
+        name: {"p50_ms": round(median(ms), 3), "p95_ms": round(percentile(ms, 0.95), 3)}
+        for name, ms in channels.items()
+    }
+
+
+async def over_http(
+    settings: Settings,
+    provider: HashedBagOfWordsProvider,
+    owners: list[str],
+    queries: int,
+    warmup: int,
+) -> dict[str, LatencySummary]:
+    """Serve the pack with ``run_server`` on a loopback socket and query it with httpx."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    # Listening before the server runs: the first request waits in the backlog until the
+    # server has opened the pack, so no readiness polling is needed.
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    shutdown = asyncio.Event()
+    server = asyncio.create_task(
+        run_server(
+            settings,
+            embedding_provider=provider,
+            sockets=[listener],
+            shutdown=shutdown,
+            log_level="warning",
+        )
+    )
+    url = f"http://127.0.0.1:{port}"
+    no_keepalive = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+    clients = {
+        "keepalive": HttpMemoryBackend(url, timeout_s=300),
+        "new_connection_per_request": HttpMemoryBackend(url, timeout_s=300, transport=no_keepalive),
+    }
+    summaries: dict[str, LatencySummary] = {}
+    try:
+        for name, client in clients.items():
+            summaries[name], _ = await query_latency(client, owners, queries, warmup, seed=5)
+    finally:
+        for client in clients.values():
+            await client.close()
+        shutdown.set()
+        await server
+        listener.close()
+    return summaries
+
+
+async def layout(
+    name: str,
+    directory: Path,
+    provider: HashedBagOfWordsProvider,
+    arguments: argparse.Namespace,
+    owners: list[str],
+) -> dict[str, Any]:
+    settings = Settings(data_dir=str(directory), models_dir=str(arguments.models_dir))
+    engine = await MemoryEngine.create(directory, settings=settings, embedding_provider=provider)
+    try:
+        load_rate = await load(engine, arguments.memories, owners, seed=len(owners))
+        summary, channels = await query_latency(
+            engine, owners, arguments.queries, arguments.warmup, seed=3
+        )
+    finally:
+        await engine.close()
+    report: dict[str, Any] = {
+        "memories": arguments.memories,
+        "owners": len(owners),
+        "memories_per_owner": arguments.memories // len(owners),
+        "load_records_per_s": round(load_rate, 1),
+        "in_process": summary,
+        "in_process_channels": channel_summary(channels),
+        "in_process_meets_target": summary.p95_ms <= TARGET_P95_MS,
+    }
+    if arguments.http:
+        report["http"] = await over_http(
+            settings, provider, owners, arguments.queries, arguments.warmup
+        )
+    return report
+
+
+async def embed_latency(models_dir: Path, queries: int) -> LatencySummary:
+    """The default model's time to embed one short query (no cache)."""
+    provider = FastEmbedProvider(model_path=ensure_default_model(models_dir))
+    await provider.embed(["warm the model up outside the timings"])
+    rng = random.Random(9)
+    samples: list[float] = []
+    for _ in range(queries):
+        text = question(rng)
+        started = time.perf_counter()
+        await provider.embed([text])
+        samples.append(time.perf_counter() - started)
+    return latency_summary(samples)
+
+
+async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
+    provider = HashedBagOfWordsProvider(dimension=arguments.dimension)
+    layouts = {
+        "spread": [f"user-{index:04d}" for index in range(arguments.owners)],
+        "single_owner": ["user-solo"],
+    }
+    results = {
+        name: await layout(name, work / name, provider, arguments, owners)
+        for name, owners in layouts.items()
+    }
+    embed = await embed_latency(arguments.models_dir, arguments.queries)
+    totals = {
+        name: {
+            "p95_total_estimate_ms": round(result["in_process"].p95_ms + embed.p95_ms, 3),
+            "meets_target": result["in_process"].p95_ms + embed.p95_ms <= TARGET_P95_MS,
+        }
+        for name, result in results.items()
+    }
+    return {
+        "benchmark": "retrieve_latency",
+        "machine": machine(),
+        "method": (
+            "packs built and queried with HashedBagOfWordsProvider at dimension "
+            f"{arguments.dimension} (vector-store cost depends on dimension and point "
+            "count, not the model); the default model's query embedding is timed "
+            "separately; total p95 estimate = engine p95 + embed p95"
+        ),
+        "target_p95_ms": TARGET_P95_MS,
+        "top_k": 10,
+        "queries": arguments.queries,
+        "layouts": results,
+        "real_model_embed_query": embed,
+        "with_real_model": totals,
+        "http_note": (
+            "client (httpx, HttpMemoryBackend) and server (run_server: uvicorn) share one "
+            "process and event loop; keepalive reuses one connection, the other opens a new "
+            "connection per request"
+            if arguments.http
+            else "skipped (--no-http)"
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--memories", type=int, default=100_000)
+    parser.add_argument("--owners", type=int, default=1000, help="owners of the spread pack")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--dimension", type=int, default=384)
+    parser.add_argument("--models-dir", type=Path, default=Settings().models_path)
+    parser.add_argument("--no-http", dest="http", action="store_false")
+    add_common_options(parser)
+    arguments = parser.parse_args(argv)
+    with scratch_directory(arguments.work_dir) as work:
+        report = asyncio.run(measure(arguments, work))
+    emit(report, arguments.out)
+
+
+if __name__ == "__main__":
+    main()

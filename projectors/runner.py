@@ -1,0 +1,289 @@
+"""The projector runner: consume assigned partitions, apply batches to their shards, and
+tell waiting readers what has been applied (read-your-writes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prme.producers.transport import LogConsumer, LogTransport
+from prme.schemas.config import Settings
+from prme.schemas.errors import ConsistencyTimeout, ShardUnavailable
+
+from .dead_letters import send_dead_letter
+from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
+from .embeddings.validation import identity_of
+from .embeddings.vector_cache import VectorCache, embed_with_cache
+from .model import MODEL_NAMES, ModelName
+from .shard import Shard, open_model, replace_model_directory, shard_directory
+
+GROUP = "prme-projectors"
+
+
+class ProjectorRunner:
+    """Owns the shards of the partitions it is assigned and keeps them up to date."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        transport: LogTransport,
+        provider: EmbeddingProvider,
+        *,
+        dead_letters: LogTransport | None = None,
+        group: str = GROUP,
+        batch_size: int = 256,
+        qdrant_client: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.transport = transport
+        self.provider = provider
+        self.identity: EmbeddingIdentity = identity_of(provider)
+        self._dead_letters = dead_letters
+        self._group = group
+        self._batch_size = batch_size
+        self._qdrant_client = qdrant_client
+        self._data_dir = Path(settings.data_dir)
+        self._vector_cache = VectorCache(self._data_dir / "vector_cache.sqlite3")
+        self.shards: dict[int, Shard] = {}
+        self._consumed: dict[int, int] = {}
+        self._consumer: LogConsumer | None = None
+        self._progress = asyncio.Condition()
+        self._apply_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._stopping = False
+        self.dead_letter_count = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join the consumer group and start applying in the background."""
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self._consumer = self.transport.consumer(self._group)
+        await self._consumer.start(self._on_assigned, self._on_revoked)
+        self._task = asyncio.create_task(self._run(), name="prme-projector")
+
+    async def close(self) -> None:
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # aiokafka's getmany can miss a cancel; closing the consumer ends it then.
+            await asyncio.wait({task}, timeout=5)
+        if self._consumer is not None:
+            await self._consumer.close()
+            self._consumer = None
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=30)
+        for partition in list(self.shards):
+            await self._close_shard(partition)
+        self._vector_cache.close()
+
+    async def _on_assigned(self, partitions: set[int]) -> None:
+        for partition in sorted(partitions):
+            if partition not in self.shards:
+                shard = Shard(
+                    shard_directory(self._data_dir, partition),
+                    partition,
+                    self.settings,
+                    self.identity,
+                    qdrant_client=self._qdrant_client,
+                )
+                await shard.open(lazily=True)
+                self.shards[partition] = shard
+            assert self._consumer is not None
+            self._consumer.seek(partition, self.shards[partition].applied_offset() + 1)
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def _on_revoked(self, partitions: set[int]) -> None:
+        async with self._apply_lock:
+            for partition in partitions:
+                await self._close_shard(partition)
+
+    async def _close_shard(self, partition: int) -> None:
+        self._consumed.pop(partition, None)
+        shard = self.shards.pop(partition, None)
+        if shard is not None:
+            await shard.close()
+
+    # -- applying ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        try:
+            while not self._stopping:
+                batches = await self._consumer.poll(self._batch_size, 0.5)
+                if batches:
+                    await self._apply(batches)
+                await self._refresh_positions()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            if self._stopping:  # the consumer closed under a poll that missed its cancel
+                return
+            self._failure = error
+            async with self._progress:
+                self._progress.notify_all()
+            raise
+
+    async def _apply(self, batches: dict[int, list[Any]]) -> None:
+        async with self._apply_lock:
+            for partition, entries in batches.items():
+                shard = self.shards.get(partition)
+                if shard is None:
+                    continue
+                dead = await shard.apply(entries, self._encode)
+                for letter in dead:
+                    self.dead_letter_count += 1
+                    if self._dead_letters is not None:
+                        await send_dead_letter(self._dead_letters, letter)
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def _refresh_positions(self) -> None:
+        """Note how far the consumer has read: on Kafka a partition can end in transaction
+        markers, which no record (and so no applied offset) ever reaches."""
+        assert self._consumer is not None
+        changed = False
+        async with self._apply_lock:
+            for partition in list(self.shards):
+                try:
+                    position = await self._consumer.position(partition)
+                except Exception:  # revoked meanwhile: the next assignment seeks afresh
+                    continue
+                if self._consumed.get(partition) != position:
+                    self._consumed[partition] = position
+                    changed = True
+        if changed:
+            async with self._progress:
+                self._progress.notify_all()
+
+    async def _encode(self, texts: list[str]) -> list[list[float]]:
+        return await embed_with_cache(self.provider, self._vector_cache, texts)
+
+    async def catch_up(self, timeout_s: float = 60.0) -> None:
+        """Wait until every assigned shard has applied the log's current end."""
+        ends = await self.transport.end_offsets()
+        for partition in list(self.shards):
+            if ends.get(partition, 0) > 0:
+                await self.wait_applied(partition, ends[partition] - 1, timeout_s)
+
+    # -- read-your-writes --------------------------------------------------------------
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the projector stopped, if it did."""
+        return self._failure
+
+    def applied_offset(self, partition: int) -> int:
+        shard = self.shards.get(partition)
+        return -1 if shard is None else shard.applied_offset()
+
+    async def wait_applied(self, partition: int, offset: int, timeout_s: float) -> None:
+        """Return once ``partition`` has applied ``offset``; ConsistencyTimeout otherwise.
+
+        Kafka transactions leave offset gaps (commit markers), so "applied" means the
+        shard's position reached or passed ``offset``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+
+        def reached() -> bool:
+            return self._failure is not None or self._reached(partition, offset)
+
+        async with self._progress:
+            while not reached():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ConsistencyTimeout(
+                        f"partition {partition} has not applied offset {offset} within "
+                        f"{timeout_s:.1f}s (applied: {self.applied_offset(partition)})"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._progress.wait(), remaining)
+        if self._failure is not None:
+            raise ShardUnavailable(f"the projector stopped: {self._failure!r}") from self._failure
+
+    def _reached(self, partition: int, offset: int) -> bool:
+        shard = self.shards.get(partition)
+        if shard is None:
+            return False
+        return shard.position >= offset or self._consumed.get(partition, -1) > offset
+
+    async def shard_for(self, owner: str) -> Shard:
+        """The open shard that holds ``owner`` (ShardUnavailable if not projected here)."""
+        partition = self.transport.partition_for(owner.encode())
+        shard = self.shards.get(partition)
+        if shard is None:
+            raise ShardUnavailable(
+                f"owner {owner!r} lives in partition {partition}, which this process does not "
+                "project (routing across nodes is not implemented yet)"
+            )
+        await shard.ensure_open()
+        return shard
+
+    # -- rebuild -----------------------------------------------------------------------
+
+    async def rebuild(self, models: Sequence[ModelName] = MODEL_NAMES) -> dict[int, int]:
+        """Replay the log into fresh model directories beside the live ones, then swap
+        them in once caught up (blue/green). Queries keep using the old models meanwhile.
+        Returns, per partition, how many records were replayed."""
+        replayed: dict[int, int] = {}
+        ends = await self.transport.end_offsets()
+        for partition, shard in list(self.shards.items()):
+            if not shard.models and ends.get(partition, 0) == 0:
+                continue
+            await shard.ensure_open()
+            staging = shard.directory.with_name(shard.directory.name + ".rebuild")
+            staged = Shard(
+                staging,
+                partition,
+                self.settings,
+                self.identity,
+                models=models,
+                qdrant_client=self._qdrant_client,
+            )
+            await staged.open()
+            try:
+                replayed[partition] = await self._replay(staged, partition)
+                async with self._apply_lock:
+                    replayed[partition] += await self._replay(staged, partition)
+                    await staged.close()
+                    await self._swap(shard, staging, models)
+            finally:
+                if staged.models:
+                    await staged.close()
+        async with self._progress:
+            self._progress.notify_all()
+        return replayed
+
+    async def _replay(self, staged: Shard, partition: int) -> int:
+        count = 0
+        offset = staged.applied_offset() + 1
+        while entries := await self.transport.read(partition, offset, self._batch_size):
+            await staged.apply(entries, self._encode)
+            count += len(entries)
+            offset = entries[-1].offset + 1
+        return count
+
+    async def _swap(self, shard: Shard, staging: Path, models: Sequence[ModelName]) -> None:
+        def _swap_models() -> None:
+            for name in models:
+                shard.models.pop(name).close()
+                replace_model_directory(shard.directory / name, staging / name)
+                shard.models[name] = open_model(
+                    name,
+                    shard.directory,
+                    shard.partition,
+                    self.settings,
+                    self.identity,
+                    self._qdrant_client,
+                )
+
+        await shard.run(_swap_models)
+        shutil.rmtree(staging, ignore_errors=True)

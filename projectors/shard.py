@@ -1,0 +1,249 @@
+"""One shard: every read model of one log partition, and how a batch is applied to them.
+
+All of a shard's model calls run on the shard's own thread, so a model never sees two
+threads at once; shards work in parallel with each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prme.producers.transport import LogEntry
+from prme.schemas.codec import decode_record
+from prme.schemas.config import Settings
+from prme.schemas.errors import RecordDecodeError
+from prme.schemas.records import Message
+
+from .dead_letters import DeadLetter
+from .derive import derive_node, embedding_text
+from .embeddings.protocol import EmbeddingIdentity
+from .model import MODEL_NAMES, ModelName, ProjectedRecord, ReadModel
+from .stores.events import EventsModel
+from .stores.graph import GraphModel
+from .stores.history import HistoryModel
+from .stores.lexical import LexicalModel
+
+T = TypeVar("T")
+
+VectorEncoder = Callable[[list[str]], Any]
+"""``async (texts) -> vectors``: the runner's cached embedding step."""
+
+
+def shard_directory(data_dir: Path, partition: int) -> Path:
+    return data_dir / "shards" / f"p{partition}"
+
+
+def open_model(
+    name: ModelName,
+    directory: Path,
+    partition: int,
+    settings: Settings,
+    identity: EmbeddingIdentity,
+    qdrant_client: Any = None,
+) -> ReadModel:
+    """Open read model ``name`` of a shard in ``directory/<name>``."""
+    path = directory / name
+    path.mkdir(parents=True, exist_ok=True)
+    if name == "vector":
+        if qdrant_client is not None:
+            from .stores.vector_qdrant import QdrantVectorModel
+
+            return QdrantVectorModel(qdrant_client, settings.qdrant.collection, partition, identity)
+        from .stores.vector_edge import EdgeVectorModel
+
+        return EdgeVectorModel(path, identity)
+    if name == "lexical":
+        return LexicalModel(path, settings.lexical)
+    if name == "graph":
+        return GraphModel(path / "graph.sqlite3")
+    if name == "history":
+        return HistoryModel(path / "history.sqlite3")
+    return EventsModel(path / "events.sqlite3", partition)
+
+
+class Shard:
+    """The read models of partition ``partition`` under ``directory``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        partition: int,
+        settings: Settings,
+        identity: EmbeddingIdentity,
+        *,
+        models: Sequence[ModelName] = MODEL_NAMES,
+        qdrant_client: Any = None,
+    ) -> None:
+        self.directory = directory
+        self.partition = partition
+        self._settings = settings
+        self._identity = identity
+        self._qdrant_client = qdrant_client
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"prme-p{partition}")
+        self.models: dict[ModelName, ReadModel] = {}
+        self._model_names = tuple(models)
+        self.position = -1
+        """The last offset this shard has processed (applied or dead-lettered)."""
+
+    async def open(self, *, lazily: bool = False) -> None:
+        """Open the models; with ``lazily``, a shard that has no directory yet is created on
+        first use (opening twelve empty vector shards costs seconds)."""
+        if lazily and not self.directory.exists():
+            return
+        await self.ensure_open()
+
+    async def ensure_open(self) -> None:
+        if self.models:
+            return
+
+        def _open() -> None:
+            for name in self._model_names:
+                self.models[name] = open_model(
+                    name,
+                    self.directory,
+                    self.partition,
+                    self._settings,
+                    self._identity,
+                    self._qdrant_client,
+                )
+
+        await self.run(_open)
+        self.position = self.applied_offset()
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        """Run ``function`` on the shard's thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, function, *args)
+
+    @property
+    def vector_mismatch(self) -> bool:
+        vector = self.models.get("vector")
+        return bool(vector is not None and getattr(vector, "identity_mismatch", False))
+
+    def live_models(self) -> dict[ModelName, ReadModel]:
+        """The models a batch is applied to (a mismatched vector model waits for a rebuild)."""
+        return {
+            name: model
+            for name, model in self.models.items()
+            if not (name == "vector" and self.vector_mismatch)
+        }
+
+    def applied_offset(self) -> int:
+        """The offset every live model has applied (read-your-writes waits on this)."""
+        offsets = [m.applied_offset() for m in self.live_models().values()]
+        return min(offsets) if offsets else -1
+
+    async def apply(self, entries: Sequence[LogEntry], encode: VectorEncoder) -> list[DeadLetter]:
+        """Apply ``entries`` to every live model; returns the records that failed."""
+        await self.ensure_open()
+        dead = await self._apply(entries, encode)
+        if entries:
+            self.position = max(self.position, entries[-1].offset)
+        return dead
+
+    async def _apply(self, entries: Sequence[LogEntry], encode: VectorEncoder) -> list[DeadLetter]:
+        dead: list[DeadLetter] = []
+        live = self.live_models()
+        floor = min((m.applied_offset() for m in live.values()), default=-1)
+        projected: list[ProjectedRecord] = []
+        for entry in entries:
+            if entry.offset <= floor:
+                continue
+            try:
+                record = decode_record(entry.value)
+            except RecordDecodeError as error:
+                dead.append(DeadLetter(entry.partition, entry.offset, str(error), entry.value))
+                continue
+            node = derive_node(record) if isinstance(record, Message) else None
+            projected.append(ProjectedRecord(offset=entry.offset, record=record, node=node))
+        if not projected:
+            return dead
+        vector = live.get("vector")
+        if vector is not None:
+            projected = await self._with_vectors(projected, vector.applied_offset(), encode)
+        dead.extend(await self.run(self._apply_all, live, projected))
+        return dead
+
+    async def _with_vectors(
+        self, projected: list[ProjectedRecord], vector_offset: int, encode: VectorEncoder
+    ) -> list[ProjectedRecord]:
+        wanted = [p for p in projected if p.node is not None and p.offset > vector_offset]
+        if not wanted:
+            return projected
+        vectors = await encode([embedding_text(p.node) for p in wanted if p.node is not None])
+        by_offset = {p.offset: v for p, v in zip(wanted, vectors, strict=True)}
+        return [
+            ProjectedRecord(
+                offset=p.offset, record=p.record, node=p.node, vector=by_offset[p.offset]
+            )
+            if p.offset in by_offset
+            else p
+            for p in projected
+        ]
+
+    def _apply_all(
+        self, live: dict[ModelName, ReadModel], projected: list[ProjectedRecord]
+    ) -> list[DeadLetter]:
+        dead: list[DeadLetter] = []
+        for name, model in live.items():
+            todo = [p for p in projected if p.offset > model.applied_offset()]
+            if not todo:
+                continue
+            try:
+                model.apply(todo)
+            except Exception:
+                dead.extend(self._apply_one_by_one(name, model, todo))
+        return dead
+
+    def _apply_one_by_one(
+        self, name: ModelName, model: ReadModel, todo: list[ProjectedRecord]
+    ) -> list[DeadLetter]:
+        from prme.schemas.codec import encode_record
+
+        dead: list[DeadLetter] = []
+        for item in todo:
+            try:
+                model.apply([item])
+            except Exception as error:
+                dead.append(
+                    DeadLetter(
+                        self.partition,
+                        item.offset,
+                        f"{type(error).__name__}: {error}",
+                        encode_record(item.record),
+                        name,
+                    )
+                )
+        return dead
+
+    def digests(self) -> dict[str, str]:
+        return {name: model.digest() for name, model in self.models.items()}
+
+    async def close(self) -> None:
+        if not self.models:
+            self._executor.shutdown(wait=True)
+            return
+
+        def _close() -> None:
+            for model in self.models.values():
+                model.close()
+            self.models.clear()
+
+        await self.run(_close)
+        self._executor.shutdown(wait=True)
+
+
+def replace_model_directory(live: Path, staged: Path) -> None:
+    """Swap ``staged`` in for ``live`` (rename is atomic on one file system)."""
+    retired = live.with_name(live.name + ".retired")
+    if retired.exists():
+        shutil.rmtree(retired)
+    if live.exists():
+        live.rename(retired)
+    staged.rename(live)
+    shutil.rmtree(retired, ignore_errors=True)

@@ -1,0 +1,122 @@
+"""The events read model: every record of one partition by event id, with where it sits
+on the log and the node ids it derived (provenance and audit), one SQLite file per shard.
+
+``owner_erased`` deletes the owner's rows, the erasure record's own row included; the
+log keeps the audit trail.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+
+from prme.schemas.codec import decode_record, encode_record
+from prme.schemas.records import AnyRecord, OwnerErased, kind_of
+
+from ..model import ModelName, ProjectedRecord
+from .sqlite_base import SqliteModel
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    event_id TEXT PRIMARY KEY,
+    partition INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    recorded_at TEXT NOT NULL,
+    node_ids TEXT NOT NULL,
+    record BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_owner ON events (owner, offset);
+"""
+_COLUMNS = "event_id, partition, offset, kind, owner, session_id, scope, node_ids, record"
+
+
+class EventRow(msgspec.Struct, frozen=True, kw_only=True):
+    event_id: str
+    partition: int
+    offset: int
+    kind: str
+    owner: str
+    session_id: str
+    scope: str
+    node_ids: list[str]
+    record: AnyRecord
+
+
+class EventsModel(SqliteModel):
+    """Every record of one partition (read model ``events``)."""
+
+    name: ClassVar[ModelName] = "events"
+    schema: ClassVar[str] = _SCHEMA
+    digest_queries: ClassVar[tuple[tuple[str, str], ...]] = (
+        (
+            "events",
+            "SELECT event_id, partition, offset, kind, owner, session_id, scope, recorded_at, "
+            "node_ids, record FROM events ORDER BY offset, event_id",
+        ),
+    )
+
+    def __init__(self, path: Path, partition: int) -> None:
+        self.partition = partition
+        super().__init__(path)
+
+    def _apply_one(self, cursor: sqlite3.Cursor, item: ProjectedRecord) -> None:
+        record = item.record
+        if isinstance(record, OwnerErased):
+            cursor.execute("DELETE FROM events WHERE owner = ?", (record.owner,))
+            return
+        node_ids = [item.node.node_id] if item.node is not None else []
+        cursor.execute(
+            "INSERT INTO events (event_id, partition, offset, kind, owner, session_id, scope, "
+            "recorded_at, node_ids, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(event_id) DO NOTHING",
+            (
+                record.event_id,
+                self.partition,
+                item.offset,
+                kind_of(record),
+                record.owner,
+                record.session_id,
+                record.scope,
+                record.recorded_at.isoformat(),
+                json.dumps(node_ids),
+                encode_record(record),
+            ),
+        )
+
+    def get(self, event_id: str) -> EventRow | None:
+        rows = self._query(f"SELECT {_COLUMNS} FROM events WHERE event_id = ?", (event_id,))
+        return _row(rows[0]) if rows else None
+
+    def node_ids(self, event_id: str) -> list[str]:
+        rows = self._query("SELECT node_ids FROM events WHERE event_id = ?", (event_id,))
+        return list(json.loads(rows[0][0])) if rows else []
+
+    def by_owner(self, owner: str) -> list[EventRow]:
+        """The owner's events in log order."""
+        rows = self._query(
+            f"SELECT {_COLUMNS} FROM events WHERE owner = ? ORDER BY offset", (owner,)
+        )
+        return [_row(row) for row in rows]
+
+
+def _row(row: tuple[Any, ...]) -> EventRow:
+    event_id, partition, offset, kind, owner, session_id, scope, node_ids, data = row
+    return EventRow(
+        event_id=event_id,
+        partition=partition,
+        offset=offset,
+        kind=kind,
+        owner=owner,
+        session_id=session_id,
+        scope=scope,
+        node_ids=json.loads(node_ids),
+        record=decode_record(data),
+    )

@@ -1,0 +1,425 @@
+"""The graph read model: memory, entity and session nodes and their edges, one SQLite file
+per shard.
+
+A ``message`` record with a derived node adds the memory node, a ``derived_from`` edge to
+its event, ``mentions`` edges to entity nodes (``ent:<owner>:<name>``), a ``part_of``
+edge to its session node (``ses:<owner>:<scope>:<session>``) and a ``next`` edge from the
+session's previous memory node. Lifecycle records change a memory node's state;
+``owner_erased`` deletes the owner's nodes and edges; control records change nothing.
+
+``search`` scores memory nodes within two hops of the query's entities:
+
+* 1 hop: a node mentioning query entities scores the sum of their idf weights,
+  ``ln(1 + (N - df + 0.5) / (df + 0.5))`` (``N`` memory nodes of the owner, ``df`` of
+  them mentioning the entity, kept as the entity node's ``degree``);
+* 2 hops, each at half weight: entities co-mentioned with a query entity (the
+  ``CO_ENTITIES`` most frequent) add their idf to the nodes mentioning them, and a
+  ``next`` neighbour of one of the ``NEXT_EXPANSION`` best 1-hop nodes adds that node's
+  1-hop score. Hub entities (mentioned by more than ``HUB_MIN_DEGREE`` nodes and
+  ``HUB_FRACTION`` of the owner's nodes) are never bridges: they would pull in everything.
+
+Every statement filters by owner, scope and state in SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from prme.schemas.records import (
+    Message,
+    NodeArchived,
+    NodeRestored,
+    NodeSuperseded,
+    OwnerErased,
+)
+
+from ..entities import normalise_entity
+from ..model import MemoryNode, ModelName, NodeState, ProjectedRecord
+from .sqlite_base import SqliteModel
+
+EdgeKind = Literal["derived_from", "mentions", "part_of", "supersedes", "next"]
+HOP_DECAY = 0.5
+CO_ENTITIES = 32
+HUB_MIN_DEGREE = 20
+HUB_FRACTION = 0.05
+NEXT_EXPANSION = 50
+MAX_ENTITY_WORDS = 6
+
+
+class StoredNode(MemoryNode, frozen=True, kw_only=True):
+    """A memory node as the graph holds it, with its lifecycle state."""
+
+    state: NodeState = "active"
+
+
+class GraphHit(msgspec.Struct, frozen=True):
+    node_id: str
+    score: float
+
+
+class Edge(msgspec.Struct, frozen=True):
+    src: str
+    dst: str
+    kind: EdgeKind
+
+
+def entity_node_id(owner: str, name: str) -> str:
+    return f"ent:{owner}:{normalise_entity(name)}"
+
+
+def session_node_id(owner: str, scope: str, session_id: str) -> str:
+    return f"ses:{owner}:{scope}:{session_id}"
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    scope TEXT,
+    session_id TEXT,
+    node_type TEXT,
+    state TEXT NOT NULL DEFAULT 'active',
+    text TEXT NOT NULL DEFAULT '',
+    speaker TEXT,
+    role TEXT,
+    event_id TEXT,
+    recorded_at TEXT,
+    occurred_at TEXT,
+    content_hash TEXT,
+    entities TEXT,
+    seq INTEGER,
+    degree INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS nodes_owner ON nodes (owner, kind, scope, state);
+CREATE INDEX IF NOT EXISTS nodes_session ON nodes (owner, scope, session_id, kind, seq);
+CREATE TABLE IF NOT EXISTS edges (
+    src TEXT NOT NULL,
+    dst TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    PRIMARY KEY (src, dst, kind)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS edges_dst ON edges (dst, kind, src);
+CREATE INDEX IF NOT EXISTS edges_owner ON edges (owner);
+"""
+
+_NODE_COLUMNS = (
+    "node_id, owner, session_id, scope, node_type, state, text, speaker, role, event_id, "
+    "recorded_at, occurred_at, content_hash, entities"
+)
+
+
+class GraphModel(SqliteModel):
+    """Nodes and edges of one shard (read model ``graph``)."""
+
+    name: ClassVar[ModelName] = "graph"
+    schema: ClassVar[str] = _SCHEMA
+    digest_queries: ClassVar[tuple[tuple[str, str], ...]] = (
+        (
+            "nodes",
+            "SELECT node_id, owner, kind, scope, session_id, node_type, state, text, speaker, "
+            "role, event_id, recorded_at, occurred_at, content_hash, entities, seq, degree "
+            "FROM nodes ORDER BY node_id",
+        ),
+        ("edges", "SELECT src, dst, kind, owner FROM edges ORDER BY src, dst, kind"),
+    )
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+
+    def _apply_one(self, cursor: sqlite3.Cursor, item: ProjectedRecord) -> None:
+        record = item.record
+        if isinstance(record, Message):
+            if item.node is not None:
+                _add_memory_node(cursor, item.node, item.offset)
+        elif isinstance(record, NodeArchived):
+            _set_state(cursor, record.owner, record.node_id, "archived")
+        elif isinstance(record, NodeRestored):
+            _set_state(cursor, record.owner, record.node_id, "active")
+        elif isinstance(record, NodeSuperseded):
+            _supersede(cursor, record)
+        elif isinstance(record, OwnerErased):
+            cursor.execute("DELETE FROM edges WHERE owner = ?", (record.owner,))
+            cursor.execute("DELETE FROM nodes WHERE owner = ?", (record.owner,))
+
+    def get_nodes(self, owner: str, node_ids: list[str]) -> dict[str, StoredNode]:
+        """The owner's memory nodes among ``node_ids`` (others' nodes are never returned)."""
+        nodes: dict[str, StoredNode] = {}
+        for start in range(0, len(node_ids), 500):
+            chunk = node_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._query(
+                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE owner = ? AND kind = 'memory' "
+                f"AND node_id IN ({marks})",
+                [owner, *chunk],
+            )
+            for row in rows:
+                nodes[row[0]] = _stored_node(row)
+        return nodes
+
+    def node_state(self, owner: str, node_id: str) -> str | None:
+        rows = self._query(
+            "SELECT state FROM nodes WHERE node_id = ? AND owner = ? AND kind = 'memory'",
+            (node_id, owner),
+        )
+        return rows[0][0] if rows else None
+
+    def edges_of(self, owner: str, node_id: str) -> list[Edge]:
+        """Every edge of the owner that starts or ends at ``node_id``."""
+        rows = self._query(
+            "SELECT src, dst, kind FROM edges WHERE owner = ? AND src = ? "
+            "UNION SELECT src, dst, kind FROM edges WHERE owner = ? AND dst = ? "
+            "ORDER BY kind, src, dst",
+            (owner, node_id, owner, node_id),
+        )
+        return [Edge(src, dst, kind) for src, dst, kind in rows]
+
+    def match_entities(self, owner: str, text: str) -> list[str]:
+        """The owner's known entity names that occur in ``text`` as whole words, whatever
+        their case (``what did caroline do`` finds ``caroline``), in first-seen order."""
+        words = [word.strip(".,!?;:()\"'“”‘’") for word in text.casefold().split()]
+        words = [word for word in words if word]
+        phrases = list(
+            dict.fromkeys(
+                " ".join(words[start : start + size])
+                for start in range(len(words))
+                for size in range(1, MAX_ENTITY_WORDS + 1)
+                if start + size <= len(words)
+            )
+        )
+        found: set[str] = set()
+        for begin in range(0, len(phrases), 500):
+            chunk = [entity_node_id(owner, phrase) for phrase in phrases[begin : begin + 500]]
+            marks = ",".join("?" * len(chunk))
+            rows = self._query(
+                f"SELECT text FROM nodes WHERE node_id IN ({marks}) AND owner = ? "
+                "AND kind = 'entity' AND degree > 0",
+                [*chunk, owner],
+            )
+            found.update(row[0] for row in rows)
+        return [phrase for phrase in phrases if phrase in found]
+
+    def search(
+        self,
+        owner: str,
+        scope: str | None,
+        entities: list[str],
+        limit: int,
+        include_inactive: bool = False,
+    ) -> list[GraphHit]:
+        """Memory nodes within two hops of ``entities`` (names, normalised here), best first."""
+        query_ids = list(dict.fromkeys(entity_node_id(owner, name) for name in entities))
+        if not query_ids or limit <= 0:
+            return []
+        with self._lock:
+            search = _Search(self._db, owner, scope, include_inactive)
+            return search.run(query_ids, limit)
+
+
+class _Search:
+    """One graph search: every SQL statement filters by owner, scope and state.
+
+    ``CROSS JOIN`` pins the join order (edges first, by their indexes): without table
+    statistics SQLite would otherwise scan all the owner's nodes first.
+    """
+
+    def __init__(
+        self, db: sqlite3.Connection, owner: str, scope: str | None, include_inactive: bool
+    ) -> None:
+        self._db = db
+        self._owner = owner
+        self._filter = "n.owner = ? AND n.kind = 'memory'"
+        self._params: list[Any] = [owner]
+        if scope is not None:
+            self._filter += " AND n.scope = ?"
+            self._params.append(scope)
+        if not include_inactive:
+            self._filter += " AND n.state = 'active'"
+
+    def run(self, query_ids: list[str], limit: int) -> list[GraphHit]:
+        total = self._db.execute(
+            "SELECT COUNT(*) FROM nodes WHERE owner = ? AND kind = 'memory'", [self._owner]
+        ).fetchone()[0]
+        degrees = self._degrees(query_ids)
+        if not degrees:
+            return []
+        hub = max(HUB_MIN_DEGREE, HUB_FRACTION * total)
+        direct = self._mentioning({e: _idf(df, total) for e, df in degrees.items()})
+        scores: dict[str, float] = defaultdict(float, direct)
+        sources = [entity for entity, df in degrees.items() if df <= hub]
+        co_degrees = self._co_mentioned(sources, query_ids, hub)
+        co_weights = {e: _idf(df, total) for e, df in co_degrees.items()}
+        for node_id, score in self._mentioning(co_weights).items():
+            scores[node_id] += HOP_DECAY * score
+        best_direct = dict(sorted(direct.items(), key=lambda item: -item[1])[:NEXT_EXPANSION])
+        for node_id, score in self._next_neighbours(best_direct).items():
+            scores[node_id] += HOP_DECAY * score
+        ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+        return [GraphHit(node_id, score) for node_id, score in ranked[:limit]]
+
+    def _degrees(self, entity_ids: list[str]) -> dict[str, int]:
+        """How many memory nodes of the owner mention each entity (all scopes and states)."""
+        marks = ",".join("?" * len(entity_ids))
+        rows = self._db.execute(
+            f"SELECT node_id, degree FROM nodes WHERE node_id IN ({marks}) "
+            "AND owner = ? AND kind = 'entity' AND degree > 0",
+            [*entity_ids, self._owner],
+        ).fetchall()
+        return dict(rows)
+
+    def _mentioning(self, weights: dict[str, float]) -> dict[str, float]:
+        if not weights:
+            return {}
+        marks = ",".join("?" * len(weights))
+        rows = self._db.execute(
+            "SELECT e.src, e.dst FROM edges e CROSS JOIN nodes n ON n.node_id = e.src "
+            f"WHERE e.kind = 'mentions' AND e.dst IN ({marks}) AND {self._filter}",
+            [*weights, *self._params],
+        ).fetchall()
+        scores: dict[str, float] = defaultdict(float)
+        for node_id, entity in rows:
+            scores[node_id] += weights[entity]
+        return scores
+
+    def _co_mentioned(self, sources: list[str], query_ids: list[str], hub: float) -> dict[str, int]:
+        """The entities most often mentioned together with ``sources`` (hubs left out)."""
+        if not sources:
+            return {}
+        source_marks = ",".join("?" * len(sources))
+        query_marks = ",".join("?" * len(query_ids))
+        rows = self._db.execute(
+            "SELECT e2.dst, ent.degree, COUNT(*) AS together FROM edges e1 "
+            "CROSS JOIN nodes n ON n.node_id = e1.src "
+            "CROSS JOIN edges e2 ON e2.src = e1.src AND e2.kind = 'mentions' "
+            "CROSS JOIN nodes ent ON ent.node_id = e2.dst "
+            f"WHERE e1.kind = 'mentions' AND e1.dst IN ({source_marks}) "
+            f"AND e2.dst NOT IN ({query_marks}) AND ent.degree <= ? AND {self._filter} "
+            "GROUP BY e2.dst ORDER BY together DESC, e2.dst LIMIT ?",
+            [*sources, *query_ids, hub, *self._params, CO_ENTITIES],
+        ).fetchall()
+        return {entity: degree for entity, degree, _ in rows}
+
+    def _next_neighbours(self, direct: dict[str, float]) -> dict[str, float]:
+        if not direct:
+            return {}
+        best: dict[str, float] = defaultdict(float)
+        ids = list(direct)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(
+                "SELECT e.src, e.dst FROM edges e CROSS JOIN nodes n ON n.node_id = e.dst "
+                f"WHERE e.src IN ({marks}) AND e.kind = 'next' AND {self._filter}",
+                [*chunk, *self._params],
+            ).fetchall()
+            rows += self._db.execute(
+                "SELECT e.dst, e.src FROM edges e CROSS JOIN nodes n ON n.node_id = e.src "
+                f"WHERE e.dst IN ({marks}) AND e.kind = 'next' AND {self._filter}",
+                [*chunk, *self._params],
+            ).fetchall()
+            for hit, other in rows:
+                best[other] = max(best[other], direct[hit])
+        return best
+
+
+def _idf(df: int, total: int) -> float:
+    return math.log(1.0 + max(total - df + 0.5, 0.5) / (df + 0.5))
+
+
+def _add_memory_node(cursor: sqlite3.Cursor, node: MemoryNode, seq: int) -> None:
+    owner = node.owner
+    cursor.execute(
+        "INSERT INTO nodes (node_id, owner, kind, scope, session_id, node_type, state, text, "
+        "speaker, role, event_id, recorded_at, occurred_at, content_hash, entities, seq) "
+        "VALUES (?, ?, 'memory', ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT(node_id) DO UPDATE SET node_type = excluded.node_type, "
+        "text = excluded.text, speaker = excluded.speaker, role = excluded.role, "
+        "content_hash = excluded.content_hash, entities = excluded.entities",
+        (
+            node.node_id,
+            owner,
+            node.scope,
+            node.session_id,
+            node.node_type,
+            node.text,
+            node.speaker,
+            node.role,
+            node.event_id,
+            node.recorded_at.isoformat(),
+            node.occurred_at.isoformat() if node.occurred_at else None,
+            node.content_hash,
+            json.dumps(node.entities),
+            seq,
+        ),
+    )
+    _add_edge(cursor, node.node_id, node.event_id, "derived_from", owner)
+    session_id = session_node_id(owner, node.scope, node.session_id)
+    cursor.execute(
+        "INSERT OR IGNORE INTO nodes (node_id, owner, kind, scope, session_id, text) "
+        "VALUES (?, ?, 'session', ?, ?, ?)",
+        (session_id, owner, node.scope, node.session_id, node.session_id),
+    )
+    _add_edge(cursor, node.node_id, session_id, "part_of", owner)
+    for name in node.entities:
+        entity_id = entity_node_id(owner, name)
+        cursor.execute(
+            "INSERT OR IGNORE INTO nodes (node_id, owner, kind, text) VALUES (?, ?, 'entity', ?)",
+            (entity_id, owner, normalise_entity(name)),
+        )
+        if _add_edge(cursor, node.node_id, entity_id, "mentions", owner):
+            cursor.execute("UPDATE nodes SET degree = degree + 1 WHERE node_id = ?", (entity_id,))
+    previous = cursor.execute(
+        "SELECT node_id FROM nodes WHERE owner = ? AND scope = ? AND session_id = ? "
+        "AND kind = 'memory' AND seq < ? ORDER BY seq DESC LIMIT 1",
+        (owner, node.scope, node.session_id, seq),
+    ).fetchone()
+    if previous is not None:
+        _add_edge(cursor, previous[0], node.node_id, "next", owner)
+
+
+def _add_edge(cursor: sqlite3.Cursor, src: str, dst: str, kind: EdgeKind, owner: str) -> bool:
+    """Add the edge unless it exists; whether it was added."""
+    cursor.execute(
+        "INSERT OR IGNORE INTO edges (src, dst, kind, owner) VALUES (?, ?, ?, ?)",
+        (src, dst, kind, owner),
+    )
+    return cursor.rowcount == 1
+
+
+def _set_state(cursor: sqlite3.Cursor, owner: str, node_id: str, state: NodeState) -> int:
+    cursor.execute(
+        "UPDATE nodes SET state = ? WHERE node_id = ? AND owner = ? AND kind = 'memory'",
+        (state, node_id, owner),
+    )
+    return cursor.rowcount
+
+
+def _supersede(cursor: sqlite3.Cursor, record: NodeSuperseded) -> None:
+    found = cursor.execute(
+        "SELECT COUNT(*) FROM nodes WHERE owner = ? AND kind = 'memory' AND node_id IN (?, ?)",
+        (record.owner, record.node_id, record.by_node_id),
+    ).fetchone()[0]
+    if found == 2 and record.node_id != record.by_node_id:
+        _set_state(cursor, record.owner, record.node_id, "superseded")
+        _add_edge(cursor, record.by_node_id, record.node_id, "supersedes", record.owner)
+
+
+def _stored_node(row: tuple[Any, ...]) -> StoredNode:
+    fields = dict(zip(_NODE_COLUMNS.split(", "), row, strict=True))
+    recorded_at, occurred_at = fields.pop("recorded_at"), fields.pop("occurred_at")
+    entities = fields.pop("entities")
+    return StoredNode(
+        **fields,
+        recorded_at=datetime.fromisoformat(recorded_at),
+        occurred_at=datetime.fromisoformat(occurred_at) if occurred_at else None,
+        entities=json.loads(entities) if entities else [],
+    )

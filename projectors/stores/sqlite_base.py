@@ -1,0 +1,137 @@
+"""What the SQLite read models share: opening a file in WAL mode, one write transaction
+per batch with the tracking row (``applied``), and a canonical content digest.
+
+A model writes its rows and ``applied(model, offset)`` in the same transaction, so after
+a crash it holds either the whole batch and its offset or neither. Records at or below
+the stored offset are skipped on re-apply; the writes are upserts keyed by ids as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+import msgspec
+
+from ..model import ModelName, ProjectedRecord
+
+_TRACKING_SCHEMA = "CREATE TABLE IF NOT EXISTS applied (model TEXT PRIMARY KEY, offset INTEGER)"
+_digest_encoder = msgspec.msgpack.Encoder()
+
+
+def open_database(path: Path) -> sqlite3.Connection:
+    """Open (creating) the SQLite file at ``path`` in WAL mode, in autocommit mode so
+    transactions are explicit, usable from any thread (callers serialise access)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    connection.execute("PRAGMA journal_mode=WAL")
+    # NORMAL in WAL mode may lose the newest commits on power loss, but data and tracking
+    # row are lost together, so replaying the log from the stored offset repairs it.
+    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute("PRAGMA foreign_keys=OFF")
+    connection.execute(_TRACKING_SCHEMA)
+    return connection
+
+
+@contextmanager
+def transaction(connection: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
+    """One write transaction: committed when the block ends, rolled back if it raises."""
+    cursor = connection.cursor()
+    cursor.execute("BEGIN IMMEDIATE")
+    try:
+        yield cursor
+    except BaseException:
+        cursor.execute("ROLLBACK")
+        raise
+    else:
+        cursor.execute("COMMIT")
+    finally:
+        cursor.close()
+
+
+def read_offset(connection: sqlite3.Connection | sqlite3.Cursor, model: str) -> int:
+    """The offset stored for ``model`` (``-1`` when none)."""
+    row = connection.execute("SELECT offset FROM applied WHERE model = ?", (model,)).fetchone()
+    return -1 if row is None else int(row[0])
+
+
+def write_offset(cursor: sqlite3.Cursor, model: str, offset: int) -> None:
+    """Store ``offset`` for ``model`` (inside the caller's transaction)."""
+    cursor.execute(
+        "INSERT INTO applied (model, offset) VALUES (?, ?) "
+        "ON CONFLICT(model) DO UPDATE SET offset = excluded.offset",
+        (model, offset),
+    )
+
+
+def digest_rows(connection: sqlite3.Connection, queries: Sequence[tuple[str, str]]) -> str:
+    """The sha256 of the rows each ``(label, query)`` returns, in the query's order.
+
+    Every query must have an ``ORDER BY`` that makes its row order total.
+    """
+    digest = hashlib.sha256()
+    for label, query in queries:
+        digest.update(_digest_encoder.encode(label))
+        for row in connection.execute(query):
+            digest.update(_digest_encoder.encode(list(row)))
+        digest.update(b"\x00end")
+    return digest.hexdigest()
+
+
+class SqliteModel:
+    """Base of a read model in one SQLite file: subclasses give the schema, the digest
+    queries and how one record is applied."""
+
+    name: ClassVar[ModelName]
+    schema: ClassVar[str]
+    digest_queries: ClassVar[tuple[tuple[str, str], ...]]
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._db = open_database(self.path)
+        self._db.executescript(self.schema)
+
+    def applied_offset(self) -> int:
+        with self._lock:
+            return read_offset(self._db, self.name)
+
+    def apply(self, batch: list[ProjectedRecord]) -> None:
+        """Apply the records after the stored offset and store the newest offset, in one
+        transaction."""
+        with self._lock, transaction(self._db) as cursor:
+            applied = read_offset(cursor, self.name)
+            newest = applied
+            for item in batch:
+                if item.offset <= newest:
+                    continue
+                self._apply_one(cursor, item)
+                newest = item.offset
+            if newest > applied:
+                write_offset(cursor, self.name, newest)
+
+    def _apply_one(self, cursor: sqlite3.Cursor, item: ProjectedRecord) -> None:
+        raise NotImplementedError
+
+    def digest(self) -> str:
+        with self._lock:
+            return digest_rows(self._db, self.digest_queries)
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,253 @@
+"""Query analysis: what each channel is asked, as documented, switchable stages.
+
+- ``strip_stopwords``: the lexical channel gets the query without stopwords and question
+  words (BM25 gains nothing from "what", "did", "the").
+- ``temporal_cues``: a question that asks for a time ("when", "how long", "what year")
+  is marked with its cue; retrieval then favours memories whose text states a time.
+- ``date_match``: the dates a question names ("in May 2023", "on 8 May 2023") are parsed
+  into spans; retrieval then favours memories whose ``occurred_at`` falls in one.
+- entities: the graph channel gets the query's entities (same extractor as the projector).
+
+Each stage is switched by its :class:`QuerySettings` flag and reported in the receipt.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from prme.projectors.entities import extract_entities
+from prme.schemas.config import QuerySettings
+
+from .temporal import DateSpan, date_mentions, time_cue
+
+STOPWORDS = frozenset(
+    [
+        "a",
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "all",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "aren't",
+        "as",
+        "at",
+        "be",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "by",
+        "can",
+        "can't",
+        "cannot",
+        "could",
+        "couldn't",
+        "did",
+        "didn't",
+        "do",
+        "does",
+        "doesn't",
+        "doing",
+        "don't",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "hadn't",
+        "has",
+        "hasn't",
+        "have",
+        "haven't",
+        "having",
+        "he",
+        "he'd",
+        "he'll",
+        "he's",
+        "her",
+        "here",
+        "here's",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "how's",
+        "i",
+        "i'd",
+        "i'll",
+        "i'm",
+        "i've",
+        "if",
+        "in",
+        "into",
+        "is",
+        "isn't",
+        "it",
+        "it's",
+        "its",
+        "itself",
+        "let's",
+        "me",
+        "more",
+        "most",
+        "mustn't",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "ought",
+        "our",
+        "ours",
+        "ourselves",
+        "out",
+        "over",
+        "own",
+        "same",
+        "shan't",
+        "she",
+        "she'd",
+        "she'll",
+        "she's",
+        "should",
+        "shouldn't",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "that's",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "themselves",
+        "then",
+        "there",
+        "there's",
+        "these",
+        "they",
+        "they'd",
+        "they'll",
+        "they're",
+        "they've",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "wasn't",
+        "we",
+        "we'd",
+        "we'll",
+        "we're",
+        "we've",
+        "were",
+        "weren't",
+        "what",
+        "what's",
+        "when",
+        "when's",
+        "where",
+        "where's",
+        "which",
+        "while",
+        "who",
+        "who's",
+        "whom",
+        "why",
+        "why's",
+        "with",
+        "won't",
+        "would",
+        "wouldn't",
+        "you",
+        "you'd",
+        "you'll",
+        "you're",
+        "you've",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+        "kind",
+        "sort",
+        "ever",
+        "also",
+        "likely",
+        "might",
+        "must",
+        "shall",
+        "will",
+        "just",
+        "much",
+        "many",
+        "something",
+        "anything",
+    ]
+)
+_TOKEN = re.compile(r"[\w'’]+", re.UNICODE)
+
+
+class QueryAnalysis(msgspec.Struct, frozen=True, kw_only=True):
+    query: str
+    lexical_query: str
+    """What the lexical channel searches."""
+    entities: list[str]
+    """What the graph channel starts from."""
+    time_cue: str | None = None
+    """The phrase asking for a time (``temporal_cues`` on), else ``None``."""
+    dates: list[DateSpan] = []
+    """The spans the query names (``date_match`` on)."""
+    stages: dict[str, bool]
+    """Each stage and whether it was on."""
+
+
+def analyse(query: str, settings: QuerySettings) -> QueryAnalysis:
+    lexical_query = strip_stopwords(query) if settings.strip_stopwords else query
+    return QueryAnalysis(
+        query=query,
+        lexical_query=lexical_query or query,
+        entities=extract_entities(query),
+        time_cue=time_cue(query) if settings.temporal_cues else None,
+        dates=date_mentions(query) if settings.date_match else [],
+        stages={
+            "strip_stopwords": settings.strip_stopwords,
+            "temporal_cues": settings.temporal_cues,
+            "date_match": settings.date_match,
+        },
+    )
+
+
+def strip_stopwords(query: str) -> str:
+    words = [w for w in _TOKEN.findall(query) if w.lower().replace("’", "'") not in STOPWORDS]
+    return " ".join(words)

@@ -1,0 +1,102 @@
+"""API-key authentication and owner authorization for the HTTP service.
+
+Keys come from ``ServiceSettings.api_keys`` (key -> owner; owner ``*`` is an admin key).
+With no keys configured the service is open, which is only allowed on a loopback host.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import socket
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+from prme.schemas.config import ServiceSettings
+from prme.schemas.errors import ConfigurationError, Forbidden
+
+ADMIN = "*"
+
+
+class Unauthenticated(Forbidden):
+    """No API key, or an unknown one (HTTP 401)."""
+
+
+class Caller(msgspec.Struct, frozen=True):
+    """Who is calling: the owner their key is bound to, or ``*`` (admin, or an open service)."""
+
+    owner: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.owner == ADMIN
+
+    def authorize(self, user_id: str) -> None:
+        """Forbidden unless this caller may act for ``user_id``."""
+        if not self.is_admin and not hmac.compare_digest(self.owner, user_id):
+            raise Forbidden(f"this API key may not act for owner {user_id!r}")
+
+    def authorize_all(self, user_ids: Iterable[str]) -> None:
+        for user_id in user_ids:
+            self.authorize(user_id)
+
+
+class ApiKeys:
+    """Resolves the key of a request to a :class:`Caller`."""
+
+    def __init__(self, keys: Mapping[str, str]) -> None:
+        self._keys = [(key.encode(), owner) for key, owner in keys.items()]
+
+    @property
+    def open(self) -> bool:
+        """No keys configured: every caller acts as admin."""
+        return not self._keys
+
+    def authenticate(self, authorization: str | None, api_key: str | None) -> Caller:
+        """The caller of ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``."""
+        if self.open:
+            return Caller(ADMIN)
+        key = api_key
+        if authorization:
+            scheme, _, credentials = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not credentials.strip():
+                raise Unauthenticated("the Authorization header must be 'Bearer <API key>'")
+            key = credentials.strip()
+        if not key:
+            raise Unauthenticated(
+                "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key'"
+            )
+        presented = key.encode()
+        owner: str | None = None
+        # Compare against every key so the time taken does not tell which one matched.
+        for known, bound in self._keys:
+            if hmac.compare_digest(known, presented):
+                owner = bound
+        if owner is None:
+            raise Unauthenticated("unknown API key")
+        return Caller(owner)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind_safety(service: ServiceSettings, sockets: Iterable[socket.socket] = ()) -> None:
+    """Refuse to serve without API keys on anything but a loopback address."""
+    if service.api_keys:
+        return
+    hosts = [str(s.getsockname()[0]) for s in sockets] or [service.host]
+    exposed = [host for host in hosts if not is_loopback(host)]
+    if exposed:
+        raise ConfigurationError(
+            f"refusing to serve on {exposed[0]} without API keys: anyone who can reach it "
+            "could read and erase every owner's memories. Configure PRME_SERVICE__API_KEYS "
+            '(e.g. \'{"<key>": "<owner>", "<admin key>": "*"}\') or bind to 127.0.0.1'
+        )

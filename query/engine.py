@@ -1,0 +1,422 @@
+"""``MemoryEngine``: the async core that ties the log, the projector and retrieval together.
+
+The embedded default (``transport = local``) keeps everything under one directory: the
+log, the shards, the vector cache and ``prme.json``. With Kafka the same engine writes to
+the topic and projects the partitions its consumer group assigns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Self
+
+from prme.producers.factory import open_transport
+from prme.producers.producer import AppendReceipt, MessageDraft, Producer
+from prme.producers.transport import LogTransport, Position
+from prme.projectors.dead_letters import open_dead_letters
+from prme.projectors.embeddings.cached import CachedEmbeddingProvider
+from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
+from prme.projectors.embeddings.model_assets import default_model_dir
+from prme.projectors.embeddings.protocol import EmbeddingProvider
+from prme.projectors.model import MODEL_NAMES, ModelName
+from prme.projectors.runner import ProjectorRunner
+from prme.schemas.config import Settings
+from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, NotFound
+from prme.schemas.records import Message, memory_node_id
+
+from .fusion import FusionName
+from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
+from .retrieve import Retriever
+from .tokens import TokenCounter
+from .types import EventView, RetrieveResponse, StoreResult
+
+
+class MemoryEngine:
+    """Use :meth:`create` or :meth:`open` (both async, both context managers)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        provider: EmbeddingProvider,
+        transport: LogTransport,
+        runner: ProjectorRunner,
+        dead_letters: LogTransport,
+    ) -> None:
+        self.settings = settings
+        self.provider = provider
+        self.embedding_config = embedding_config_of(provider)
+        self._transport = transport
+        self._dead_letters = dead_letters
+        self.runner = runner
+        self._producer = Producer(transport, settings.limits)
+        model_dir = default_model_dir(settings.models_path)
+        self._retriever = Retriever(runner, settings, TokenCounter(model_dir / "tokenizer.json"))
+
+    # -- opening -----------------------------------------------------------------------
+
+    @classmethod
+    async def create(
+        cls,
+        directory: str | Path | None = None,
+        *,
+        settings: Settings | None = None,
+        embedding_provider: EmbeddingProvider | None = None,
+    ) -> Self:
+        """Create a new pack in ``directory`` (refused if one is there)."""
+        settings = _settings_for(directory, settings)
+        if load_pack_config(Path(settings.data_dir)) is not None:
+            raise ConfigurationError(f"{settings.data_dir} already holds a PRME pack: use open()")
+        return await cls._start(settings, embedding_provider, create=True)
+
+    @classmethod
+    async def open(
+        cls,
+        directory: str | Path | None = None,
+        *,
+        settings: Settings | None = None,
+        embedding_provider: EmbeddingProvider | None = None,
+        create_if_missing: bool = False,
+    ) -> Self:
+        """Open the pack in ``directory`` (created when missing and ``create_if_missing``)."""
+        settings = _settings_for(directory, settings)
+        if load_pack_config(Path(settings.data_dir)) is None and not create_if_missing:
+            raise ConfigurationError(f"no PRME pack in {settings.data_dir}: use create()")
+        return await cls._start(settings, embedding_provider, create=create_if_missing)
+
+    @classmethod
+    async def _start(
+        cls, settings: Settings, provider: EmbeddingProvider | None, *, create: bool
+    ) -> Self:
+        data_dir = Path(settings.data_dir)
+        saved = load_pack_config(data_dir)
+        if provider is None:
+            if saved is not None and saved.embedding.provider == "custom":
+                raise ConfigurationError(
+                    f"the pack in {data_dir} was built with the custom embedding provider "
+                    f"{saved.embedding.provider_class} ({saved.embedding.model_name}); "
+                    "pass embedding_provider= to reopen it"
+                )
+            provider = default_provider(settings)
+        if saved is None:
+            save_pack_config(
+                data_dir,
+                PackConfig(
+                    partitions=settings.log.partitions, embedding=embedding_config_of(provider)
+                ),
+            )
+        elif saved.partitions != settings.log.partitions:
+            settings = settings.replace(log={"partitions": saved.partitions})
+        transport = open_transport(settings)
+        dead_letters = open_dead_letters(settings)
+        await transport.start()
+        await dead_letters.start()
+        qdrant_client = _qdrant_client(settings)
+        runner = ProjectorRunner(
+            settings, transport, provider, dead_letters=dead_letters, qdrant_client=qdrant_client
+        )
+        await runner.start()
+        await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
+        return cls(settings, provider, transport, runner, dead_letters)
+
+    async def close(self) -> None:
+        """Stop projecting and release files and connections (never the provider)."""
+        await self.runner.close()
+        await self._dead_letters.close()
+        await self._transport.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- writing -----------------------------------------------------------------------
+
+    async def store(
+        self,
+        content: str | list[dict[str, Any]],
+        user_id: str,
+        *,
+        session_id: str = "default",
+        scope: str = "default",
+        role: str = "user",
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        occurred_at: datetime | None = None,
+        request_id: str | None = None,
+        wait: bool = True,
+    ) -> StoreResult:
+        """Append one memory; with ``wait`` (default) return once it is retrievable."""
+        draft = MessageDraft(
+            owner=user_id,
+            content=content,
+            role=role,
+            session_id=session_id,
+            scope=scope,
+            name=name,
+            metadata=metadata or {},
+            occurred_at=occurred_at,
+            request_id=request_id,
+        )
+        return (await self.store_many([draft], wait=wait))[0]
+
+    async def store_many(
+        self, drafts: Sequence[MessageDraft], *, wait: bool = True
+    ) -> list[StoreResult]:
+        """Append messages atomically (all or none)."""
+        records = [self._producer.build_message(d) for d in drafts]
+        receipts = await self._producer.append_records(records)
+        results = [_store_result(r, memory_node_id(r.event_id)) for r in receipts]
+        if wait:
+            await self.wait_for([r.token for r in results])
+        return results
+
+    async def add_messages(
+        self,
+        user_id: str,
+        session_id: str,
+        drafts: Sequence[MessageDraft],
+        *,
+        scope: str = "default",
+        wait: bool = True,
+    ) -> list[StoreResult]:
+        for draft in drafts:
+            if (draft.owner, draft.session_id, draft.scope) != (user_id, session_id, scope):
+                raise InvalidInput("each message must belong to the history it is added to")
+        return await self.store_many(drafts, wait=wait)
+
+    async def clear_history(
+        self, user_id: str, session_id: str, *, scope: str = "default", wait: bool = True
+    ) -> StoreResult:
+        receipt = await self._producer.append_control(
+            "history_cleared", user_id, session_id=session_id, scope=scope
+        )
+        return await self._finish(receipt, [], wait)
+
+    async def replace_history(
+        self,
+        user_id: str,
+        session_id: str,
+        drafts: Sequence[MessageDraft],
+        *,
+        scope: str = "default",
+        wait: bool = True,
+    ) -> list[StoreResult]:
+        """Atomically append a clear marker and the new messages."""
+        records = self._producer.build_replacement(user_id, session_id, scope, drafts)
+        receipts = await self._producer.append_records(records)
+        results = [
+            _store_result(r, memory_node_id(r.event_id) if isinstance(rec, Message) else None)
+            for r, rec in zip(receipts, records, strict=True)
+        ]
+        if wait:
+            await self.wait_for([r.token for r in results])
+        return results
+
+    async def delete_message(
+        self, user_id: str, event_id: str, *, wait: bool = True
+    ) -> StoreResult:
+        """Remove one message from its chat history (the memory node is not archived)."""
+        event = await self.get_event(event_id, user_id)
+        if event.kind != "message":
+            raise InvalidInput(f"event {event_id} is a {event.kind}, not a message")
+        receipt = await self._producer.append_control(
+            "message_deleted",
+            user_id,
+            session_id=event.session_id,
+            scope=event.scope,
+            target_event_id=event_id,
+        )
+        return await self._finish(receipt, [], wait)
+
+    async def archive(
+        self, node_id: str, user_id: str, *, reason: str | None = None, wait: bool = True
+    ) -> StoreResult:
+        await self._check_node(node_id, user_id)
+        receipt = await self._producer.append_control(
+            "node_archived", user_id, node_id=node_id, reason=reason
+        )
+        return await self._finish(receipt, [node_id], wait)
+
+    async def restore(self, node_id: str, user_id: str, *, wait: bool = True) -> StoreResult:
+        await self._check_node(node_id, user_id)
+        receipt = await self._producer.append_control("node_restored", user_id, node_id=node_id)
+        return await self._finish(receipt, [node_id], wait)
+
+    async def supersede(
+        self, node_id: str, by_node_id: str, user_id: str, *, wait: bool = True
+    ) -> StoreResult:
+        await self._check_node(node_id, user_id)
+        await self._check_node(by_node_id, user_id)
+        receipt = await self._producer.append_control(
+            "node_superseded", user_id, node_id=node_id, by_node_id=by_node_id
+        )
+        return await self._finish(receipt, [node_id, by_node_id], wait)
+
+    async def erase_owner(self, user_id: str, *, wait: bool = True) -> StoreResult:
+        """Remove every trace of ``user_id`` from every read model (the log keeps it)."""
+        receipt = await self._producer.append_control("owner_erased", user_id)
+        return await self._finish(receipt, [], wait)
+
+    async def _finish(self, receipt: AppendReceipt, node_ids: list[str], wait: bool) -> StoreResult:
+        result = StoreResult(event_id=receipt.event_id, node_ids=node_ids, token=receipt.position)
+        if wait:
+            await self.wait_for([result.token])
+        return result
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def wait_for(self, tokens: Sequence[Position], timeout_s: float | None = None) -> None:
+        """Wait until every token's partition has applied its offset (read-your-writes)."""
+        timeout = self.settings.query.consistency_timeout_s if timeout_s is None else timeout_s
+        latest: dict[int, int] = {}
+        for token in tokens:
+            latest[token.partition] = max(latest.get(token.partition, -1), token.offset)
+        for partition, offset in latest.items():
+            await self.runner.wait_applied(partition, offset, timeout)
+
+    async def retrieve(
+        self,
+        query: str,
+        user_id: str,
+        *,
+        scope: str | None = None,
+        top_k: int = 10,
+        token_budget: int = 4096,
+        min_score: float | None = None,
+        after: Position | None = None,
+        include_archived: bool = False,
+        fusion: FusionName | None = None,
+    ) -> RetrieveResponse:
+        if not query or not query.strip():
+            raise InvalidInput("query must not be empty")
+        if top_k <= 0 or token_budget <= 0:
+            raise InvalidInput("top_k and token_budget must be positive")
+        if after is not None:
+            await self.wait_for([after])
+        return await self._retriever.retrieve(
+            query,
+            user_id,
+            scope=scope,
+            top_k=top_k,
+            token_budget=token_budget,
+            min_score=min_score,
+            include_archived=include_archived,
+            fusion=fusion,
+        )
+
+    async def history(
+        self,
+        user_id: str,
+        session_id: str = "default",
+        *,
+        scope: str = "default",
+        limit: int | None = None,
+        after: Position | None = None,
+    ) -> list[Message]:
+        """The chat history of (owner, session, scope) with clear, replace and delete applied."""
+        if after is not None:
+            await self.wait_for([after])
+        shard = await self.runner.shard_for(user_id)
+        model = shard.models["history"]
+        return await shard.run(lambda: model.messages(user_id, session_id, scope, limit=limit))  # type: ignore[attr-defined]
+
+    async def get_event(self, event_id: str, user_id: str) -> EventView:
+        """The original record of an event of ``user_id`` (control events included)."""
+        for partition, shard in await self._shards_owner_first(user_id):
+            model = shard.models["events"]
+            row = await shard.run(lambda m=model: m.get(event_id))  # type: ignore[attr-defined]
+            if row is None:
+                continue
+            if row.owner != user_id:
+                raise Forbidden(f"event {event_id} belongs to another owner")
+            return EventView(
+                event_id=row.event_id,
+                kind=row.kind,
+                owner=row.owner,
+                session_id=row.session_id,
+                scope=row.scope,
+                partition=partition,
+                offset=row.offset,
+                node_ids=list(row.node_ids),
+                record=row.record,
+            )
+        raise NotFound(f"no event {event_id} for owner {user_id}")
+
+    async def get_event_nodes(self, event_id: str, user_id: str) -> list[str]:
+        """The ids of the nodes derived from an event (provenance)."""
+        return (await self.get_event(event_id, user_id)).node_ids
+
+    async def get_nodes(self, node_ids: Sequence[str], user_id: str) -> dict[str, Any]:
+        shard = await self.runner.shard_for(user_id)
+        model = shard.models["graph"]
+        return await shard.run(lambda: model.get_nodes(user_id, list(node_ids)))  # type: ignore[attr-defined]
+
+    async def rebuild(self, models: Sequence[ModelName] = MODEL_NAMES) -> dict[int, int]:
+        """Blue/green rebuild of ``models`` from the log; see ProjectorRunner.rebuild."""
+        replayed = await self.runner.rebuild(models)
+        if "vector" in models:
+            saved = load_pack_config(Path(self.settings.data_dir))
+            if saved is not None:
+                save_pack_config(
+                    Path(self.settings.data_dir),
+                    PackConfig(partitions=saved.partitions, embedding=self.embedding_config),
+                )
+        return replayed
+
+    async def _check_node(self, node_id: str, user_id: str) -> None:
+        """Refuse a node of another owner (Forbidden) or one that does not exist (NotFound)."""
+        if not node_id.startswith("mem:"):
+            raise NotFound(f"no memory node {node_id!r}")
+        await self.get_event(node_id.removeprefix("mem:"), user_id)
+        shard = await self.runner.shard_for(user_id)
+        model = shard.models["graph"]
+        state = await shard.run(lambda: model.node_state(user_id, node_id))  # type: ignore[attr-defined]
+        if state is None:
+            raise NotFound(f"no node {node_id} for owner {user_id}")
+
+    async def _shards_owner_first(self, user_id: str) -> list[tuple[int, Any]]:
+        own = await self.runner.shard_for(user_id)
+        others = [
+            (p, s) for p, s in sorted(self.runner.shards.items()) if s is not own and s.models
+        ]
+        return [(own.partition, own), *others]
+
+
+def default_provider(settings: Settings) -> EmbeddingProvider:
+    """The default: all-MiniLM-L6-v2 int8 through FastEmbed, behind an LRU cache."""
+    return CachedEmbeddingProvider(
+        FastEmbedProvider(
+            settings.embedding.model,
+            dimension=settings.embedding.dimension,
+            models_dir=settings.models_path,
+            batch_size=settings.embedding.batch_size,
+            threads=settings.embedding.threads,
+        ),
+        max_entries=settings.embedding.cache_entries,
+    )
+
+
+def _settings_for(directory: str | Path | None, settings: Settings | None) -> Settings:
+    base = settings or Settings.from_env()
+    return base if directory is None else base.replace(data_dir=str(directory))
+
+
+def _qdrant_client(settings: Settings) -> Any:
+    if not settings.qdrant.url:
+        return None
+    from qdrant_client import QdrantClient
+
+    return QdrantClient(
+        url=settings.qdrant.url,
+        api_key=settings.qdrant.api_key,
+        timeout=int(settings.qdrant.timeout_s),
+    )
+
+
+def _store_result(receipt: AppendReceipt, node_id: str | None) -> StoreResult:
+    return StoreResult(
+        event_id=receipt.event_id, node_ids=[node_id] if node_id else [], token=receipt.position
+    )

@@ -1,0 +1,345 @@
+"""``HttpMemoryBackend``: the engine's async methods over the HTTP service (``prme serve``).
+
+``AsyncMemoryClient(url=..., api_key=...)`` uses it in place of a ``MemoryEngine``: same
+methods, same signatures, same result types, and HTTP errors become the same exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Self, TypeVar
+from urllib.parse import quote
+
+import httpx
+import msgspec
+
+from prme.producers.producer import MessageDraft
+from prme.producers.transport import Position
+from prme.schemas.errors import (
+    ConfigurationError,
+    ConsistencyTimeout,
+    EmbeddingMismatch,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PRMEError,
+    ShardUnavailable,
+    TransportError,
+)
+from prme.schemas.records import AnyRecord, Message
+
+from .auth import Unauthenticated
+from .fusion import FusionName
+from .http_types import ErrorBody, format_token
+from .types import EventView, RetrieveResponse, StoreResult
+
+T = TypeVar("T")
+
+ERRORS: dict[str, type[PRMEError]] = {
+    "unauthenticated": Unauthenticated,
+    "forbidden": Forbidden,
+    "not_found": NotFound,
+    "invalid_input": InvalidInput,
+    "payload_too_large": InvalidInput,
+    "unsupported_media_type": InvalidInput,
+    "consistency_timeout": ConsistencyTimeout,
+    "shard_unavailable": ShardUnavailable,
+    "transport_unavailable": TransportError,
+    "embedding_mismatch": EmbeddingMismatch,
+    "configuration_error": ConfigurationError,
+}
+STATUS_ERRORS: dict[int, type[PRMEError]] = {
+    400: InvalidInput,
+    401: Unauthenticated,
+    403: Forbidden,
+    404: NotFound,
+    413: InvalidInput,
+    503: ShardUnavailable,
+    504: ConsistencyTimeout,
+}
+_DRAFT_FIELDS = tuple(f.name for f in msgspec.structs.fields(MessageDraft))
+_HISTORY_ENVELOPE = frozenset({"owner", "session_id", "scope"})
+
+
+class HttpMemoryBackend:
+    """An ``httpx.AsyncClient`` speaking to ``/v1`` of a PRME service.
+
+    ``timeout_s`` bounds every request (connect, read, write, pool); server-side writes
+    wait for the projector by default, so a store followed by a read sees the write.
+    ``transport`` lets a caller pass another httpx transport (an ASGI app, a proxy).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=url.rstrip("/") + "/v1/",
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            transport=transport,
+        )
+        self._encoder = msgspec.json.Encoder()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- writing -----------------------------------------------------------------------
+
+    async def store(
+        self,
+        content: str | list[dict[str, Any]],
+        user_id: str,
+        *,
+        session_id: str = "default",
+        scope: str = "default",
+        role: str = "user",
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        occurred_at: datetime | None = None,
+        request_id: str | None = None,
+        wait: bool = True,
+    ) -> StoreResult:
+        body = {
+            "user_id": user_id,
+            "content": content,
+            "session_id": session_id,
+            "scope": scope,
+            "role": role,
+            "name": name,
+            "metadata": metadata or {},
+            "occurred_at": occurred_at,
+            "request_id": request_id,
+            "wait": wait,
+        }
+        return await self._call("POST", "memories", StoreResult, json=body)
+
+    async def store_many(
+        self, drafts: Sequence[MessageDraft], *, wait: bool = True
+    ) -> list[StoreResult]:
+        body = {"messages": [_memory_body(d) for d in drafts], "wait": wait}
+        return await self._call("POST", "memories/batch", list[StoreResult], json=body)
+
+    async def add_messages(
+        self,
+        user_id: str,
+        session_id: str,
+        drafts: Sequence[MessageDraft],
+        *,
+        scope: str = "default",
+        wait: bool = True,
+    ) -> list[StoreResult]:
+        body = _history_body(
+            user_id,
+            session_id,
+            scope,
+            drafts,
+            wait,
+            "each message must belong to the history it is added to",
+        )
+        return await self._call("POST", "history/messages", list[StoreResult], json=body)
+
+    async def clear_history(
+        self, user_id: str, session_id: str, *, scope: str = "default", wait: bool = True
+    ) -> StoreResult:
+        body = {"user_id": user_id, "session_id": session_id, "scope": scope, "wait": wait}
+        return await self._call("POST", "history/clear", StoreResult, json=body)
+
+    async def replace_history(
+        self,
+        user_id: str,
+        session_id: str,
+        drafts: Sequence[MessageDraft],
+        *,
+        scope: str = "default",
+        wait: bool = True,
+    ) -> list[StoreResult]:
+        body = _history_body(
+            user_id,
+            session_id,
+            scope,
+            drafts,
+            wait,
+            "replacement messages must share the history's owner/session/scope",
+        )
+        return await self._call("POST", "history/replace", list[StoreResult], json=body)
+
+    async def delete_message(
+        self, user_id: str, event_id: str, *, wait: bool = True
+    ) -> StoreResult:
+        params = {"user_id": user_id, "wait": _flag(wait)}
+        path = f"history/messages/{_segment(event_id)}"
+        return await self._call("DELETE", path, StoreResult, params=params)
+
+    async def archive(
+        self, node_id: str, user_id: str, *, reason: str | None = None, wait: bool = True
+    ) -> StoreResult:
+        body = {"user_id": user_id, "reason": reason, "wait": wait}
+        return await self._call(
+            "POST", f"nodes/{_segment(node_id)}/archive", StoreResult, json=body
+        )
+
+    async def restore(self, node_id: str, user_id: str, *, wait: bool = True) -> StoreResult:
+        body = {"user_id": user_id, "wait": wait}
+        return await self._call(
+            "POST", f"nodes/{_segment(node_id)}/restore", StoreResult, json=body
+        )
+
+    async def supersede(
+        self, node_id: str, by_node_id: str, user_id: str, *, wait: bool = True
+    ) -> StoreResult:
+        body = {"user_id": user_id, "by_node_id": by_node_id, "wait": wait}
+        path = f"nodes/{_segment(node_id)}/supersede"
+        return await self._call("POST", path, StoreResult, json=body)
+
+    async def erase_owner(self, user_id: str, *, wait: bool = True) -> StoreResult:
+        params = {"user_id": user_id, "wait": _flag(wait)}
+        return await self._call("DELETE", "owners", StoreResult, params=params)
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def retrieve(
+        self,
+        query: str,
+        user_id: str,
+        *,
+        scope: str | None = None,
+        top_k: int = 10,
+        token_budget: int = 4096,
+        min_score: float | None = None,
+        after: Position | None = None,
+        include_archived: bool = False,
+        fusion: FusionName | None = None,
+    ) -> RetrieveResponse:
+        body = {
+            "query": query,
+            "user_id": user_id,
+            "scope": scope,
+            "top_k": top_k,
+            "token_budget": token_budget,
+            "min_score": min_score,
+            "after": after,
+            "include_archived": include_archived,
+            "fusion": fusion,
+        }
+        return await self._call("POST", "retrieve", RetrieveResponse, json=body)
+
+    async def history(
+        self,
+        user_id: str,
+        session_id: str = "default",
+        *,
+        scope: str = "default",
+        limit: int | None = None,
+        after: Position | None = None,
+    ) -> list[Message]:
+        params: dict[str, str | int] = {"user_id": user_id, "session_id": session_id}
+        params["scope"] = scope
+        if limit is not None:
+            params["limit"] = limit
+        if after is not None:
+            params["after"] = format_token(after)
+        return await self._call("GET", "history", list[Message], params=params)
+
+    async def get_event(self, event_id: str, user_id: str) -> EventView:
+        view = await self._call(
+            "GET", f"events/{_segment(event_id)}", EventView, params={"user_id": user_id}
+        )
+        record = msgspec.convert(view.record, AnyRecord)  # type: ignore[arg-type]
+        return msgspec.structs.replace(view, record=record)
+
+    async def get_event_nodes(self, event_id: str, user_id: str) -> list[str]:
+        path = f"events/{_segment(event_id)}/nodes"
+        return await self._call("GET", path, list[str], params={"user_id": user_id})
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        result: type[T],
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+    ) -> T:
+        try:
+            content = None if json is None else self._encoder.encode(json)
+        except (TypeError, ValueError, OverflowError) as error:
+            raise InvalidInput(f"the request is not JSON-serializable: {error}") from error
+        headers = None if content is None else {"Content-Type": "application/json"}
+        try:
+            response = await self._http.request(
+                method, path, content=content, params=params, headers=headers
+            )
+        except httpx.TimeoutException as error:
+            raise TransportError(f"{method} {path}: the service did not answer in time") from error
+        except httpx.HTTPError as error:
+            raise TransportError(f"{method} {path}: {error}") from error
+        if response.is_error:
+            raise _error_of(response)
+        try:
+            return msgspec.json.decode(response.content, type=result)
+        except msgspec.DecodeError as error:
+            raise TransportError(f"{method} {path}: unexpected response ({error})") from error
+
+
+def _error_of(response: httpx.Response) -> PRMEError:
+    try:
+        body = msgspec.json.decode(response.content, type=ErrorBody)
+        kind, detail = body.error, body.detail
+    except msgspec.DecodeError:
+        kind, detail = "", response.text[:500] or response.reason_phrase
+    error_type = ERRORS.get(kind) or STATUS_ERRORS.get(response.status_code, PRMEError)
+    return error_type(f"{detail} (HTTP {response.status_code})")
+
+
+def _memory_body(draft: MessageDraft) -> dict[str, Any]:
+    body = {name: getattr(draft, name) for name in _DRAFT_FIELDS if name != "owner"}
+    body["user_id"] = draft.owner
+    return body
+
+
+def _history_body(
+    user_id: str,
+    session_id: str,
+    scope: str,
+    drafts: Sequence[MessageDraft],
+    wait: bool,
+    mismatch: str,
+) -> dict[str, Any]:
+    for draft in drafts:
+        if (draft.owner, draft.session_id, draft.scope) != (user_id, session_id, scope):
+            raise InvalidInput(mismatch)
+    messages = [
+        {name: getattr(d, name) for name in _DRAFT_FIELDS if name not in _HISTORY_ENVELOPE}
+        for d in drafts
+    ]
+    return {
+        "user_id": user_id,
+        "session_id": session_id,
+        "scope": scope,
+        "messages": messages,
+        "wait": wait,
+    }
+
+
+def _segment(value: str) -> str:
+    """``value`` as one URL path segment."""
+    return quote(value, safe="")
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"

@@ -1,0 +1,172 @@
+"""The HTTP wire types: request bodies (strict, unknown fields refused) and the replies
+that are not already engine types. Shared by the service and ``HttpMemoryBackend``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from prme.producers.producer import MessageDraft
+from prme.producers.transport import Position
+from prme.schemas.errors import InvalidInput
+from prme.schemas.records import Role
+
+from .fusion import FusionName
+from .types import Bundle, MemoryResult, Receipt
+
+
+class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every request body."""
+
+
+class HistoryMessageIn(_Body, frozen=True, kw_only=True):
+    """A message of a chat history (owner, session and scope come from the request)."""
+
+    content: str | list[dict[str, Any]]
+    role: Role = "user"
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] = []
+    message_id: str | None = None
+    fields: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    occurred_at: datetime | None = None
+    request_id: str | None = None
+
+
+class MemoryIn(HistoryMessageIn, frozen=True, kw_only=True):
+    """One memory to store: a message with its owner, session and scope."""
+
+    user_id: str
+    session_id: str = "default"
+    scope: str = "default"
+
+    def draft(self) -> MessageDraft:
+        fields = {name: getattr(self, name) for name in _DRAFT_FIELDS if name != "owner"}
+        return MessageDraft(owner=self.user_id, **fields)
+
+
+_DRAFT_FIELDS = tuple(f.name for f in msgspec.structs.fields(MessageDraft))
+
+
+class StoreRequest(MemoryIn, frozen=True, kw_only=True):
+    wait: bool = True
+    """Return once the memory is retrievable (read-your-writes)."""
+
+
+class StoreManyRequest(_Body, frozen=True, kw_only=True):
+    messages: list[MemoryIn]
+    wait: bool = True
+
+
+class HistoryWriteRequest(_Body, frozen=True, kw_only=True):
+    """Add messages to, or replace, the chat history of (user_id, session_id, scope)."""
+
+    user_id: str
+    session_id: str
+    messages: list[HistoryMessageIn]
+    scope: str = "default"
+    wait: bool = True
+
+    def drafts(self) -> list[MessageDraft]:
+        return [
+            MessageDraft(
+                owner=self.user_id,
+                session_id=self.session_id,
+                scope=self.scope,
+                **msgspec.structs.asdict(message),
+            )
+            for message in self.messages
+        ]
+
+
+class ClearHistoryRequest(_Body, frozen=True, kw_only=True):
+    user_id: str
+    session_id: str
+    scope: str = "default"
+    wait: bool = True
+
+
+class RetrieveRequest(_Body, frozen=True, kw_only=True):
+    query: str
+    user_id: str
+    scope: str | None = None
+    top_k: int = 10
+    token_budget: int = 4096
+    min_score: float | None = None
+    after: Position | None = None
+    """A consistency token from a write: wait until it is applied before reading."""
+    include_archived: bool = False
+    fusion: FusionName | None = None
+
+
+class ArchiveRequest(_Body, frozen=True, kw_only=True):
+    user_id: str
+    reason: str | None = None
+    wait: bool = True
+
+
+class RestoreRequest(_Body, frozen=True, kw_only=True):
+    user_id: str
+    wait: bool = True
+
+
+class SupersedeRequest(_Body, frozen=True, kw_only=True):
+    user_id: str
+    by_node_id: str
+    wait: bool = True
+
+
+class RenderedBundle(Bundle, frozen=True, kw_only=True):
+    """The bundle plus ``text``, its ``render()`` output, ready for a prompt."""
+
+    text: str
+
+
+class RetrieveReply(msgspec.Struct, frozen=True, kw_only=True):
+    """``RetrieveResponse`` on the wire (decodes as one: ``bundle.text`` is extra)."""
+
+    results: list[MemoryResult]
+    bundle: RenderedBundle
+    receipt: Receipt
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    """Every error response: a stable ``error`` kind and a message for people."""
+
+    error: str
+    detail: str
+
+
+class Health(msgspec.Struct, frozen=True):
+    status: str
+
+
+class Readiness(msgspec.Struct, frozen=True, kw_only=True):
+    ready: bool
+    detail: str
+    partitions: list[int]
+    """The partitions this process projects (and can answer for)."""
+    lag: int
+    """Records on the log not yet applied to those partitions' read models."""
+
+
+def format_token(token: Position) -> str:
+    """A consistency token as a query parameter: ``partition:offset``."""
+    return f"{token.partition}:{token.offset}"
+
+
+def parse_token(text: str) -> Position:
+    """The inverse of :func:`format_token` (InvalidInput naming the parameter)."""
+    partition, sep, offset = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return Position(int(partition), int(offset))
+    except ValueError:
+        raise InvalidInput(
+            f"after must be a consistency token 'partition:offset', got {text!r} - at query "
+            "parameter `after`"
+        ) from None

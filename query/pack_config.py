@@ -1,0 +1,70 @@
+"""The pack's saved embedding configuration (``<data>/prme.json``).
+
+Only identity metadata is saved: a custom provider's code, credentials and model files are
+never serialized, so reopening a pack built with a custom provider needs that provider.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
+from prme.projectors.embeddings.protocol import EmbeddingIdentity
+from prme.schemas.errors import ConfigurationError
+
+ProviderKind = Literal["fastembed", "custom"]
+PACK_FILE = "prme.json"
+
+
+class EmbeddingConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The effective embedding configuration, decided by the provider's metadata."""
+
+    provider: ProviderKind
+    provider_class: str
+    model_name: str
+    model_version: str
+    dimension: int
+
+    @property
+    def identity(self) -> EmbeddingIdentity:
+        return EmbeddingIdentity(self.model_name, self.model_version, self.dimension)
+
+
+class PackConfig(msgspec.Struct, frozen=True, kw_only=True):
+    format: int = 1
+    partitions: int
+    embedding: EmbeddingConfig
+
+
+def embedding_config_of(provider: object) -> EmbeddingConfig:
+    inner = getattr(provider, "provider", provider)
+    kind: ProviderKind = "fastembed" if type(inner) is FastEmbedProvider else "custom"
+    cls = type(inner)
+    return EmbeddingConfig(
+        provider=kind,
+        provider_class=f"{cls.__module__}.{cls.__qualname__}",
+        model_name=provider.model_name,  # type: ignore[attr-defined]
+        model_version=provider.model_version,  # type: ignore[attr-defined]
+        dimension=provider.dimension,  # type: ignore[attr-defined]
+    )
+
+
+def load_pack_config(directory: Path) -> PackConfig | None:
+    path = directory / PACK_FILE
+    if not path.exists():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=PackConfig)
+    except msgspec.MsgspecError as error:
+        raise ConfigurationError(f"{path} is not a valid PRME pack config: {error}") from error
+
+
+def save_pack_config(directory: Path, config: PackConfig) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / (PACK_FILE + ".tmp")
+    temporary.write_bytes(msgspec.json.format(msgspec.json.encode(config)))
+    os.replace(temporary, directory / PACK_FILE)

@@ -1,0 +1,334 @@
+"""The retrieval pipeline: channels -> fusion -> time boosts -> score floor -> bundle -> receipt."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import uuid_utils
+
+from prme.projectors.runner import ProjectorRunner
+from prme.projectors.shard import Shard
+from prme.schemas.config import QuerySettings, Settings
+
+from .analysis import QueryAnalysis, analyse
+from .bundle import pack
+from .fusion import FusionName, fuse
+from .temporal import has_time_expression
+from .tokens import TokenCounter
+from .types import (
+    ChannelReport,
+    EmbeddingInfo,
+    MemoryResult,
+    Receipt,
+    ResultEvidence,
+    RetrieveResponse,
+)
+
+Ranking = list[tuple[str, float]]
+
+
+class Retriever:
+    """Answers ``retrieve`` from the shards a :class:`ProjectorRunner` holds."""
+
+    def __init__(self, runner: ProjectorRunner, settings: Settings, counter: TokenCounter) -> None:
+        self._runner = runner
+        self._settings = settings
+        self._counter = counter
+
+    async def retrieve(
+        self,
+        query: str,
+        owner: str,
+        *,
+        scope: str | None = None,
+        top_k: int = 10,
+        token_budget: int = 4096,
+        min_score: float | None = None,
+        include_archived: bool = False,
+        fusion: FusionName | None = None,
+    ) -> RetrieveResponse:
+        started = time.perf_counter()
+        fusion = fusion or self._settings.scoring.fusion
+        shard = await self._runner.shard_for(owner)
+        analysis = analyse(query, self._settings.query)
+        limit = max(self._settings.scoring.candidates, top_k)
+        channels: dict[str, Ranking] = {}
+        reports: list[ChannelReport] = []
+        query_vector, embed_query_used, vector_report = await self._vector(
+            shard, query, owner, scope, limit, include_archived, channels
+        )
+        reports.append(vector_report)
+        reports.append(
+            await self._channel(
+                shard,
+                "lexical",
+                channels,
+                lambda m: m.search(analysis.lexical_query, owner, scope, limit, include_archived),
+            )
+        )
+        if self._settings.scoring.graph:
+            reports.append(
+                await self._channel(
+                    shard,
+                    "graph",
+                    channels,
+                    lambda m: (
+                        m.search(owner, scope, analysis.entities, limit, include_archived)
+                        if analysis.entities
+                        else []
+                    ),
+                )
+            )
+        fused = fuse(
+            fusion, channels, k=self._settings.scoring.rrf_k, weights=self._settings.scoring.weights
+        )
+        ranked = sorted(fused.items(), key=lambda item: (-item[1], item[0]))
+        nodes: dict[str, Any] = {}
+        boosts: dict[str, float] = {}
+        if analysis.time_cue or analysis.dates:
+            ranked, nodes, boosts = await self._time_boost(
+                shard, owner, analysis, ranked, self._settings.query.time_depth
+            )
+        cosines = dict(channels.get("vector", []))
+        if query_vector is not None:
+            missing = [node_id for node_id, _ in ranked[:limit] if node_id not in cosines]
+            cosines.update(await self._cosines(shard, query_vector, owner, missing))
+        floor_skipped = min_score is not None and query_vector is None
+        if min_score is not None and not floor_skipped:
+            ranked = [
+                (node_id, score)
+                for node_id, score in ranked
+                if _passes(fusion, min_score, score, cosines.get(node_id))
+            ]
+        ranked = ranked[:top_k]
+        missing_nodes = [node_id for node_id, _ in ranked if node_id not in nodes]
+        if missing_nodes:
+            nodes.update(await self._nodes(shard, owner, missing_nodes))
+        results = [
+            _result(nodes[node_id], score, cosines.get(node_id), floor_skipped)
+            for node_id, score in ranked
+            if node_id in nodes
+        ]
+        bundle, costs = pack(results, token_budget, self._counter)
+        in_bundle = {item.node_id for item in bundle.items}
+        ranks = {
+            name: {node_id: rank for rank, (node_id, _) in enumerate(ranking, start=1)}
+            for name, ranking in channels.items()
+        }
+        scores = {name: dict(ranking) for name, ranking in channels.items()}
+        evidence = [
+            ResultEvidence(
+                node_id=r.node_id,
+                event_id=r.event_id,
+                ranks={c: ranks[c][r.node_id] for c in channels if r.node_id in ranks[c]},
+                scores={c: scores[c][r.node_id] for c in channels if r.node_id in scores[c]},
+                fused_score=r.score,
+                semantic_relevance=r.semantic_relevance,
+                tokens=cost,
+                in_bundle=r.node_id in in_bundle,
+            )
+            for r, cost in zip(results, costs, strict=True)
+        ]
+        provider = self._runner.provider
+        receipt = Receipt(
+            request_id=str(uuid_utils.uuid7()),
+            owner=owner,
+            query=query,
+            scope=scope,
+            fusion=fusion,
+            top_k=top_k,
+            min_score=min_score,
+            min_score_skipped=floor_skipped,
+            channels=reports,
+            results=evidence,
+            embedding=EmbeddingInfo(
+                model_name=provider.model_name,
+                model_version=provider.model_version,
+                dimension=provider.dimension,
+                embed_query_used=embed_query_used,
+                mismatch=shard.vector_mismatch,
+            ),
+            analysis=_analysis_report(
+                analysis,
+                self._counter,
+                {r.node_id: boosts[r.node_id] for r in results if r.node_id in boosts},
+            ),
+            elapsed_ms=(time.perf_counter() - started) * 1000,
+        )
+        return RetrieveResponse(results=results, bundle=bundle, receipt=receipt)
+
+    async def _vector(
+        self,
+        shard: Shard,
+        query: str,
+        owner: str,
+        scope: str | None,
+        limit: int,
+        include_archived: bool,
+        channels: dict[str, Ranking],
+    ) -> tuple[list[float] | None, bool, ChannelReport]:
+        started = time.perf_counter()
+        provider = self._runner.provider
+        embed_query = getattr(provider, "embed_query", None)
+        # A caching wrapper always has embed_query; it reports whether the wrapped one does.
+        query_encoder = bool(getattr(provider, "has_query_encoder", embed_query is not None))
+        if shard.vector_mismatch:
+            return (
+                None,
+                False,
+                ChannelReport(
+                    name="vector",
+                    used=False,
+                    ms=0.0,
+                    error="embedding mismatch: the vector store was built by another provider "
+                    "identity; run `prme rebuild --model vector`",
+                ),
+            )
+        try:
+            if embed_query is not None:
+                vector = list(await embed_query(query))
+            else:
+                vector = list((await provider.embed([query]))[0])
+            model = shard.models["vector"]
+            hits = await shard.run(
+                lambda: model.search(vector, owner, scope, limit, include_archived)  # type: ignore[attr-defined]
+            )
+        except Exception as error:
+            return (
+                None,
+                query_encoder,
+                ChannelReport(
+                    name="vector",
+                    used=False,
+                    ms=_ms(started),
+                    error=f"{type(error).__name__}: {error}",
+                ),
+            )
+        channels["vector"] = [(hit.node_id, hit.score) for hit in hits]
+        return (
+            vector,
+            query_encoder,
+            ChannelReport(name="vector", used=True, ms=_ms(started), candidates=len(hits)),
+        )
+
+    async def _channel(
+        self, shard: Shard, name: str, channels: dict[str, Ranking], call: Any
+    ) -> ChannelReport:
+        started = time.perf_counter()
+        model = shard.models[name]  # type: ignore[index]
+        try:
+            hits = await shard.run(lambda: call(model))
+        except Exception as error:
+            return ChannelReport(
+                name=name, used=False, ms=_ms(started), error=f"{type(error).__name__}: {error}"
+            )
+        channels[name] = [(hit.node_id, hit.score) for hit in hits]
+        return ChannelReport(name=name, used=True, ms=_ms(started), candidates=len(hits))
+
+    async def _nodes(self, shard: Shard, owner: str, node_ids: list[str]) -> dict[str, Any]:
+        model = shard.models["graph"]
+        return await shard.run(lambda: model.get_nodes(owner, node_ids))  # type: ignore[attr-defined]
+
+    async def _time_boost(
+        self,
+        shard: Shard,
+        owner: str,
+        analysis: QueryAnalysis,
+        ranked: Ranking,
+        limit: int,
+    ) -> tuple[Ranking, dict[str, Any], dict[str, float]]:
+        """Multiply the fused score of the first ``limit`` candidates by their time factor
+        (see :func:`time_factor`); returns the new ranking, the nodes read and the factors
+        other than 1."""
+        head = ranked[:limit]
+        nodes = await self._nodes(shard, owner, [node_id for node_id, _ in head])
+        settings = self._settings.query
+        boosts: dict[str, float] = {}
+        for node_id, _ in head:
+            node = nodes.get(node_id)
+            if node is None:
+                continue
+            factor = time_factor(analysis, node.text, node.occurred_at, settings)
+            if factor != 1.0:
+                boosts[node_id] = factor
+        if not boosts:
+            return ranked, nodes, boosts
+        rescored = [(node_id, score * boosts.get(node_id, 1.0)) for node_id, score in head]
+        rescored.sort(key=lambda item: (-item[1], item[0]))
+        return rescored + list(ranked[limit:]), nodes, boosts
+
+    async def _cosines(
+        self, shard: Shard, vector: list[float], owner: str, node_ids: list[str]
+    ) -> dict[str, float]:
+        model = shard.models["vector"]
+        scores_for = getattr(model, "scores_for", None)
+        if not node_ids or scores_for is None:
+            return {}
+        return await shard.run(lambda: scores_for(vector, owner, node_ids))
+
+
+def time_factor(
+    analysis: QueryAnalysis, text: str, occurred_at: datetime | None, settings: QuerySettings
+) -> float:
+    """``1 + time_boost`` when the query asks for a time and ``text`` states one, times
+    ``1 + date_boost`` when ``occurred_at`` falls in a span the query names."""
+    factor = 1.0
+    if analysis.time_cue and has_time_expression(text):
+        factor *= 1.0 + settings.time_boost
+    slack = timedelta(days=settings.date_slack_days)
+    if (
+        analysis.dates
+        and occurred_at is not None
+        and any(span.contains(occurred_at, slack) for span in analysis.dates)
+    ):
+        factor *= 1.0 + settings.date_boost
+    return factor
+
+
+def _passes(fusion: str, floor: float, fused: float, cosine: float | None) -> bool:
+    if fusion == "weighted":
+        return fused >= floor
+    return cosine is not None and cosine >= floor
+
+
+def _result(node: Any, score: float, cosine: float | None, floor_skipped: bool) -> MemoryResult:
+    return MemoryResult(
+        node_id=node.node_id,
+        event_id=node.event_id,
+        text=node.text,
+        node_type=node.node_type,
+        owner=node.owner,
+        session_id=node.session_id,
+        scope=node.scope,
+        speaker=node.speaker,
+        role=node.role,
+        state=node.state,
+        recorded_at=node.recorded_at,
+        occurred_at=node.occurred_at,
+        score=score,
+        semantic_relevance=cosine,
+        metadata={"min_score_skipped": True} if floor_skipped else {},
+    )
+
+
+def _analysis_report(
+    analysis: QueryAnalysis, counter: TokenCounter, boosts: dict[str, float]
+) -> dict[str, Any]:
+    return {
+        "lexical_query": analysis.lexical_query,
+        "entities": analysis.entities,
+        "time_cue": analysis.time_cue,
+        "dates": [
+            {"text": s.text, "start": s.start.isoformat(), "end": s.end.isoformat()}
+            for s in analysis.dates
+        ],
+        "time_boosts": boosts,
+        "stages": analysis.stages,
+        "tokenizer": counter.name,
+    }
+
+
+def _ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000

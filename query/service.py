@@ -1,0 +1,464 @@
+"""The HTTP service: a Litestar app over one opened :class:`MemoryEngine`.
+
+Routes live under ``/v1`` (see ``docs/HTTP.md``); the OpenAPI document, generated from the
+msgspec types, is served at ``/schema/openapi.json``. Request bodies are decoded strictly
+(no type coercion, unknown fields refused) before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any, Generic, TypeVar
+
+import msgspec
+from litestar import Litestar, Request, Response, Router, delete, get, post
+from litestar.datastructures import State
+from litestar.di import NamedDependency, Provide
+from litestar.dto import MsgspecDTO
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+
+from prme.schemas.config import Settings
+from prme.schemas.errors import (
+    ConfigurationError,
+    ConsistencyTimeout,
+    EmbeddingMismatch,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PRMEError,
+    ShardUnavailable,
+    TransportError,
+)
+from prme.schemas.records import Message
+
+from .auth import ApiKeys, Caller, Unauthenticated
+from .engine import MemoryEngine
+from .http_types import (
+    ArchiveRequest,
+    ClearHistoryRequest,
+    ErrorBody,
+    Health,
+    HistoryWriteRequest,
+    Readiness,
+    RenderedBundle,
+    RestoreRequest,
+    RetrieveReply,
+    RetrieveRequest,
+    StoreManyRequest,
+    StoreRequest,
+    SupersedeRequest,
+    parse_token,
+)
+from .types import EventView, StoreResult
+
+T = TypeVar("T", bound=msgspec.Struct)
+log = logging.getLogger(__name__)
+
+# Most specific first: the first matching class gives the status and the error kind.
+ERROR_STATUS: list[tuple[type[PRMEError], int, str]] = [
+    (Unauthenticated, 401, "unauthenticated"),
+    (Forbidden, 403, "forbidden"),
+    (NotFound, 404, "not_found"),
+    (InvalidInput, 400, "invalid_input"),
+    (ConsistencyTimeout, 504, "consistency_timeout"),
+    (ShardUnavailable, 503, "shard_unavailable"),
+    (TransportError, 503, "transport_unavailable"),
+    (EmbeddingMismatch, 409, "embedding_mismatch"),
+    (ConfigurationError, 500, "configuration_error"),
+]
+HTTP_KINDS = {
+    400: "invalid_input",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+class StrictBody(MsgspecDTO[T], Generic[T]):
+    """Decodes the request body strictly into its Struct (Litestar's default coerces
+    ``"10"`` to ``10``); errors name the field, e.g. ``Expected `int`, got `str` - at
+    `$.top_k```."""
+
+    def decode_bytes(self, value: bytes) -> Any:
+        return msgspec.json.decode(value, type=self.model_type)
+
+
+# -- dependencies ---------------------------------------------------------------------
+
+
+async def provide_caller(
+    request: Request[Any, Any, Any], api_keys: NamedDependency[ApiKeys]
+) -> Caller:
+    return api_keys.authenticate(
+        request.headers.get("authorization"), request.headers.get("x-api-key")
+    )
+
+
+EngineDep = NamedDependency[MemoryEngine]
+CallerDep = NamedDependency[Caller]
+UserId = Annotated[str, QueryParameter(description="the owner acted on", min_length=1)]
+Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]
+
+
+# -- open routes ----------------------------------------------------------------------
+
+
+@get("/health", summary="Liveness", tags=["service"])
+async def health() -> Health:
+    return Health(status="ok")
+
+
+@get("/ready", summary="Readiness: the projector is running", tags=["service"])
+async def ready(engine: EngineDep) -> Response[Readiness]:
+    runner = engine.runner
+    shards = dict(runner.shards)
+    ends = await runner.transport.end_offsets()
+    lag = sum(max(0, ends.get(p, 0) - 1 - shard.position) for p, shard in shards.items())
+    detail = "projecting"
+    ok = bool(shards)
+    if not ok:
+        detail = "no partitions assigned to this process yet"
+    else:
+        try:
+            # Returns at once for an applied offset; raises if the projector has stopped.
+            partition = next(iter(shards))
+            await runner.wait_applied(partition, -1, 0.0)
+        except ShardUnavailable as error:
+            ok, detail = False, str(error)
+    body = Readiness(ready=ok, detail=detail, partitions=sorted(shards), lag=lag)
+    return Response(body, status_code=200 if ok else 503)
+
+
+# -- writes ---------------------------------------------------------------------------
+
+
+@post("/memories", dto=StrictBody[StoreRequest], return_dto=None, summary="Store one memory")
+async def store(data: JSONBody[StoreRequest], engine: EngineDep, caller: CallerDep) -> StoreResult:
+    caller.authorize(data.user_id)
+    return (await engine.store_many([data.draft()], wait=data.wait))[0]
+
+
+@post(
+    "/memories/batch",
+    dto=StrictBody[StoreManyRequest],
+    return_dto=None,
+    summary="Store several memories atomically (all or none)",
+)
+async def store_many(
+    data: JSONBody[StoreManyRequest], engine: EngineDep, caller: CallerDep
+) -> list[StoreResult]:
+    caller.authorize_all({m.user_id for m in data.messages})
+    return await engine.store_many([m.draft() for m in data.messages], wait=data.wait)
+
+
+@post(
+    "/history/messages",
+    dto=StrictBody[HistoryWriteRequest],
+    return_dto=None,
+    summary="Append messages to a chat history",
+)
+async def add_messages(
+    data: JSONBody[HistoryWriteRequest], engine: EngineDep, caller: CallerDep
+) -> list[StoreResult]:
+    caller.authorize(data.user_id)
+    return await engine.add_messages(
+        data.user_id, data.session_id, data.drafts(), scope=data.scope, wait=data.wait
+    )
+
+
+@post(
+    "/history/replace",
+    dto=StrictBody[HistoryWriteRequest],
+    return_dto=None,
+    summary="Replace a chat history atomically (a clear marker plus the new messages)",
+)
+async def replace_history(
+    data: JSONBody[HistoryWriteRequest], engine: EngineDep, caller: CallerDep
+) -> list[StoreResult]:
+    caller.authorize(data.user_id)
+    return await engine.replace_history(
+        data.user_id, data.session_id, data.drafts(), scope=data.scope, wait=data.wait
+    )
+
+
+@post(
+    "/history/clear",
+    dto=StrictBody[ClearHistoryRequest],
+    return_dto=None,
+    status_code=200,
+    summary="Clear a chat history",
+)
+async def clear_history(
+    data: JSONBody[ClearHistoryRequest], engine: EngineDep, caller: CallerDep
+) -> StoreResult:
+    caller.authorize(data.user_id)
+    return await engine.clear_history(
+        data.user_id, data.session_id, scope=data.scope, wait=data.wait
+    )
+
+
+@delete(
+    "/history/messages/{event_id:str}",
+    status_code=200,
+    summary="Remove one message from its chat history",
+)
+async def delete_message(
+    event_id: FromPath[str],
+    user_id: UserId,
+    engine: EngineDep,
+    caller: CallerDep,
+    wait: Wait = True,
+) -> StoreResult:
+    caller.authorize(user_id)
+    return await engine.delete_message(user_id, event_id, wait=wait)
+
+
+@post(
+    "/nodes/{node_id:str}/archive",
+    dto=StrictBody[ArchiveRequest],
+    return_dto=None,
+    status_code=200,
+    summary="Archive a memory node (it leaves normal retrieval)",
+)
+async def archive(
+    node_id: FromPath[str], data: JSONBody[ArchiveRequest], engine: EngineDep, caller: CallerDep
+) -> StoreResult:
+    caller.authorize(data.user_id)
+    return await engine.archive(node_id, data.user_id, reason=data.reason, wait=data.wait)
+
+
+@post(
+    "/nodes/{node_id:str}/restore",
+    dto=StrictBody[RestoreRequest],
+    return_dto=None,
+    status_code=200,
+    summary="Bring an archived or superseded node back",
+)
+async def restore(
+    node_id: FromPath[str], data: JSONBody[RestoreRequest], engine: EngineDep, caller: CallerDep
+) -> StoreResult:
+    caller.authorize(data.user_id)
+    return await engine.restore(node_id, data.user_id, wait=data.wait)
+
+
+@post(
+    "/nodes/{node_id:str}/supersede",
+    dto=StrictBody[SupersedeRequest],
+    return_dto=None,
+    status_code=200,
+    summary="Replace a node by another (it leaves retrieval)",
+)
+async def supersede(
+    node_id: FromPath[str], data: JSONBody[SupersedeRequest], engine: EngineDep, caller: CallerDep
+) -> StoreResult:
+    caller.authorize(data.user_id)
+    return await engine.supersede(node_id, data.by_node_id, data.user_id, wait=data.wait)
+
+
+@delete("/owners", status_code=200, summary="Erase every trace of an owner (admin or the owner)")
+async def erase_owner(
+    user_id: UserId, engine: EngineDep, caller: CallerDep, wait: Wait = True
+) -> StoreResult:
+    caller.authorize(user_id)
+    return await engine.erase_owner(user_id, wait=wait)
+
+
+# -- reads ----------------------------------------------------------------------------
+# Litestar reserves the handler argument name ``scope`` (the ASGI scope), hence ``scope_``.
+
+
+@post(
+    "/retrieve",
+    dto=StrictBody[RetrieveRequest],
+    return_dto=None,
+    status_code=200,
+    summary="Retrieve memories: results, a token-budgeted bundle and a receipt",
+)
+async def retrieve(
+    data: JSONBody[RetrieveRequest], engine: EngineDep, caller: CallerDep
+) -> RetrieveReply:
+    caller.authorize(data.user_id)
+    response = await engine.retrieve(
+        data.query,
+        data.user_id,
+        scope=data.scope,
+        top_k=data.top_k,
+        token_budget=data.token_budget,
+        min_score=data.min_score,
+        after=data.after,
+        include_archived=data.include_archived,
+        fusion=data.fusion,
+    )
+    bundle = RenderedBundle(
+        **msgspec.structs.asdict(response.bundle), text=response.bundle.render()
+    )
+    return RetrieveReply(results=response.results, bundle=bundle, receipt=response.receipt)
+
+
+@get("/history", summary="Read a chat history (clear, replace and delete applied)")
+async def history(
+    user_id: UserId,
+    engine: EngineDep,
+    caller: CallerDep,
+    session_id: FromQuery[str] = "default",
+    scope_: Annotated[
+        str, QueryParameter(name="scope", description="the memory scope")
+    ] = "default",
+    limit: Annotated[int | None, QueryParameter(description="the newest N messages")] = None,
+    after: Annotated[
+        str | None, QueryParameter(description="consistency token 'partition:offset'")
+    ] = None,
+) -> list[Message]:
+    caller.authorize(user_id)
+    if limit is not None and limit < 1:
+        raise InvalidInput(f"limit must be at least 1, got {limit} - at query parameter `limit`")
+    token = parse_token(after) if after is not None else None
+    return await engine.history(user_id, session_id, scope=scope_, limit=limit, after=token)
+
+
+@get("/events/{event_id:str}", summary="The original record of an event")
+async def get_event(
+    event_id: FromPath[str], user_id: UserId, engine: EngineDep, caller: CallerDep
+) -> EventView:
+    caller.authorize(user_id)
+    return await engine.get_event(event_id, user_id)
+
+
+@get("/events/{event_id:str}/nodes", summary="The ids of the nodes derived from an event")
+async def get_event_nodes(
+    event_id: FromPath[str], user_id: UserId, engine: EngineDep, caller: CallerDep
+) -> list[str]:
+    caller.authorize(user_id)
+    return await engine.get_event_nodes(event_id, user_id)
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+def _error(status: int, kind: str, detail: str) -> Response[ErrorBody]:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return Response(ErrorBody(kind, detail), status_code=status, headers=headers)
+
+
+def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
+    for error_type, status, kind in ERROR_STATUS:
+        if isinstance(error, error_type):
+            if status >= 500:
+                log.warning("request failed: %s", error)
+            return _error(status, kind, str(error))
+    log.exception("unexpected PRME error", exc_info=error)
+    return _error(500, "internal", str(error))
+
+
+def on_decode_error(_: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
+    if isinstance(error, msgspec.ValidationError):
+        return _error(400, "invalid_input", f"invalid request body: {error}")
+    return _error(400, "invalid_input", f"malformed JSON request body: {error}")
+
+
+def on_http_error(request: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
+    assert isinstance(error, HTTPException)
+    status = error.status_code
+    detail = str(error.detail)
+    if isinstance(error, ValidationException) and isinstance(error.extra, list):
+        reasons = [
+            f"{item.get('message')} - at {_source(item)} `{item.get('key')}`"
+            for item in error.extra
+            if isinstance(item, dict)
+        ]
+        detail = "; ".join(reasons) or detail
+    elif status == 413:
+        limit = request.app.state.max_body_bytes
+        detail = f"request body is over the limit of {limit} bytes (limits.max_body_bytes)"
+    if status >= 500:
+        log.error("request failed: %s", error)
+    return _error(status, HTTP_KINDS.get(status, "internal" if status >= 500 else "error"), detail)
+
+
+def _source(item: dict[str, Any]) -> str:
+    source = item.get("source", "parameter")
+    return f"{getattr(source, 'value', source)} parameter"
+
+
+def on_unexpected(_: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
+    log.exception("unexpected error", exc_info=error)
+    return _error(500, "internal", f"internal error: {type(error).__name__}")
+
+
+# -- the app --------------------------------------------------------------------------
+
+PROTECTED = [
+    store,
+    store_many,
+    add_messages,
+    replace_history,
+    clear_history,
+    delete_message,
+    archive,
+    restore,
+    supersede,
+    erase_owner,
+    retrieve,
+    history,
+    get_event,
+    get_event_nodes,
+]
+
+
+def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
+    """The Litestar app serving ``engine`` (which the caller opened and will close).
+
+    API keys and the body-size limit come from ``settings`` (default: the engine's).
+    """
+    settings = settings or engine.settings
+    api_keys = ApiKeys(settings.service.api_keys)
+    security: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
+    protected = Router(
+        "/v1",
+        route_handlers=PROTECTED,
+        dependencies={"caller": Provide(provide_caller)},
+        security=security,
+    )
+    open_routes = Router("/v1", route_handlers=[health, ready])
+    return Litestar(
+        route_handlers=[protected, open_routes],
+        dependencies={
+            "engine": Provide(lambda: engine, use_cache=True, sync_to_thread=False),
+            "api_keys": Provide(lambda: api_keys, use_cache=True, sync_to_thread=False),
+        },
+        exception_handlers={
+            PRMEError: on_prme_error,
+            msgspec.DecodeError: on_decode_error,
+            HTTPException: on_http_error,
+            Exception: on_unexpected,
+        },
+        request_max_body_size=settings.limits.max_body_bytes,
+        state=State({"max_body_bytes": settings.limits.max_body_bytes}),
+        openapi_config=OpenAPIConfig(
+            title="PRME",
+            version=_version(),
+            description="Long-term memory for LLM agents (see docs/HTTP.md).",
+            components=Components(
+                security_schemes={
+                    "bearer": SecurityScheme(type="http", scheme="bearer"),
+                    "apiKey": SecurityScheme(
+                        type="apiKey", name="X-API-Key", security_scheme_in="header"
+                    ),
+                }
+            ),
+        ),
+    )
+
+
+def _version() -> str:
+    try:
+        return version("prme")
+    except PackageNotFoundError:
+        return "0"

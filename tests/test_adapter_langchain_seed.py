@@ -1,0 +1,254 @@
+"""The LangChain code block of docs/FRAMEWORK-INTEGRATIONS.md, run as written: embedded
+with the default model, and in service mode against ``prme serve`` (directory -> url).
+
+``running_service`` is also used by the LlamaIndex seed test, so this module imports no
+framework at module level."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.query.serve import run_server
+from prme.schemas.config import ServiceSettings, Settings
+
+SERVICE_KEY = "key-alice"
+
+
+@contextlib.contextmanager
+def running_service(data_dir: Path, *, deadline_s: float = 60.0) -> Iterator[str]:
+    """``prme serve`` (uvicorn on a loopback socket, in a thread) for ``data_dir``, with an
+    API key bound to ``alice``; yields the base URL and stops the server on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    settings = Settings(
+        data_dir=str(data_dir),
+        service=ServiceSettings(host="127.0.0.1", port=port, api_keys={SERVICE_KEY: "alice"}),
+    )
+    loop = asyncio.new_event_loop()
+    shutdown = asyncio.Event()
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            loop.run_until_complete(
+                run_server(
+                    settings,
+                    embedding_provider=HashedBagOfWordsProvider(),
+                    sockets=[sock],
+                    shutdown=shutdown,
+                    log_level="warning",
+                )
+            )
+        except BaseException as error:  # reported to the waiting test below
+            failure.append(error)
+
+    thread = threading.Thread(target=serve, name="prme-test-service", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            if failure:
+                raise RuntimeError("the service failed to start") from failure[0]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/v1/health", timeout=1.0).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the service did not answer within {deadline_s}s")
+            thread.join(0.05)  # waits on the server thread, returning early if it died
+        yield url
+    finally:
+        loop.call_soon_threadsafe(shutdown.set)
+        thread.join(30)
+        loop.close()
+        sock.close()
+
+
+@pytest.fixture
+def service_url(tmp_path: Path) -> Iterator[str]:
+    with running_service(tmp_path / "served") as url:
+        yield url
+
+
+@pytest.mark.model
+def test_langchain_seed_runs_as_written_with_the_default_model(
+    default_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("langchain_core")
+    monkeypatch.chdir(tmp_path)
+
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from prme.integrations.langchain import PRMEChatMessageHistory, PRMERetriever
+
+    retriever = PRMERetriever(
+        directory="./memory",
+        user_id="alice",
+        top_k=5,
+        token_budget=4096,
+    )
+    documents = retriever.invoke("What has Alice decided?")
+
+    history = PRMEChatMessageHistory(
+        directory="./memory",
+        user_id="alice",
+        session_id="support-42",
+    )
+    history.add_messages(
+        [
+            HumanMessage(content="Use dark mode."),
+            AIMessage(content="I will remember that."),
+        ]
+    )
+    history.clear()
+    assert history.messages == []
+
+    retriever.close()
+    history.close()
+
+    # Beyond the seed: the first query met an empty pack, and the cleared messages are
+    # still memories the default model finds.
+    assert documents == []
+    again = PRMERetriever(directory="./memory", user_id="alice", top_k=5)
+    try:
+        engine = again.memory_client.engine
+        assert engine is not None and engine.provider.dimension == 384
+        found = again.invoke("Does Alice want dark mode?")
+    finally:
+        again.close()
+    assert found[0].page_content == "Use dark mode."
+    assert found[0].metadata["semantic_relevance"] > 0.3
+
+
+def test_langchain_seed_runs_in_service_mode(service_url: str) -> None:
+    pytest.importorskip("langchain_core")
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from prme.integrations.langchain import PRMEChatMessageHistory, PRMERetriever
+
+    retriever = PRMERetriever(
+        url=service_url,
+        api_key=SERVICE_KEY,
+        user_id="alice",
+        top_k=5,
+        token_budget=4096,
+    )
+    documents = retriever.invoke("What has Alice decided?")
+
+    history = PRMEChatMessageHistory(
+        url=service_url,
+        api_key=SERVICE_KEY,
+        user_id="alice",
+        session_id="support-42",
+    )
+    history.add_messages(
+        [
+            HumanMessage(content="Use dark mode."),
+            AIMessage(content="I will remember that."),
+        ]
+    )
+    assert history.messages == [
+        HumanMessage(content="Use dark mode."),
+        AIMessage(content="I will remember that."),
+    ]
+    history.clear()
+    assert history.messages == []
+
+    assert documents == []
+    found = retriever.invoke("dark mode")
+    assert found[0].page_content == "Use dark mode."
+    assert found[0].metadata["event_id"]
+
+    retriever.close()
+    history.close()
+
+
+def test_service_mode_key_of_another_owner_is_refused(service_url: str) -> None:
+    pytest.importorskip("langchain_core")
+    from prme.integrations.langchain import PRMEChatMessageHistory
+    from prme.schemas.errors import Forbidden
+
+    bobs = PRMEChatMessageHistory(
+        url=service_url, api_key=SERVICE_KEY, user_id="bob", session_id="s"
+    )
+    try:
+        with pytest.raises(Forbidden):
+            _ = bobs.messages
+    finally:
+        bobs.close()
+
+
+def test_every_message_class_round_trips_in_service_mode(service_url: str) -> None:
+    pytest.importorskip("langchain_core")
+    from prme.integrations.langchain import PRMEChatMessageHistory
+    from tests.test_adapter_langchain import _every_message
+
+    history = PRMEChatMessageHistory(
+        url=service_url, api_key=SERVICE_KEY, user_id="alice", session_id="s"
+    )
+    try:
+        originals = _every_message()
+        history.add_messages(originals)
+        restored = history.messages
+    finally:
+        history.close()
+    assert [type(m) for m in restored] == [type(m) for m in originals]
+    assert restored == originals
+
+
+def run_example(name: str, directory: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``examples/<name>.py``'s ``main(directory)``; return what it printed."""
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"prme_example_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(str(directory))
+    return capsys.readouterr().out
+
+
+@pytest.mark.model
+def test_langchain_example_runs(
+    default_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("langchain_core")
+    out = run_example("langchain_example", tmp_path, capsys)
+    assert "after clear: 0 messages" in out
+    assert "window seat" in out.split("after clear")[1]
+
+
+def test_importing_prme_needs_no_framework() -> None:
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('langchain_core', 'llama_index'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import prme, prme.integrations, prme.adapters\n"
+        "import prme.adapters.messages, prme.adapters.connection, prme.adapters.results\n"
+        "try:\n"
+        "    import prme.integrations.langchain\n"
+        "except ImportError as error:\n"
+        "    print('extra needed:', error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "extra needed: blocked langchain_core" in result.stdout

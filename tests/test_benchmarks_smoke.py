@@ -1,0 +1,89 @@
+"""Each benchmark command runs end to end at a tiny size and reports sane figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import ingest_throughput, projection, retrieve_latency
+from prme.projectors.model import MODEL_NAMES
+
+
+def run(main: Any, tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / "report.json"
+    main([*args, "--out", str(out), "--work-dir", str(tmp_path / "work")])
+    return json.loads(out.read_text())
+
+
+@pytest.mark.kafka
+def test_ingest_benchmark_compares_prme_with_bare_aiokafka(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    report = run(
+        ingest_throughput.main,
+        tmp_path,
+        *("--messages", "400", "--owners", "20", "--runs", "1", "--bootstrap", kafka_bootstrap),
+    )
+    rates = report["records_per_s"]
+    assert set(rates) == {"local", "build_only", "prme_kafka", "bare_aiokafka"}
+    assert all(rate > 0 for rate in rates.values())
+    assert 250 <= report["input"]["mean_line_bytes"] <= 350
+    ratios = report["ratios"]
+    assert ratios["prme_kafka_to_bare_aiokafka"] == pytest.approx(
+        rates["prme_kafka"] / rates["bare_aiokafka"], rel=0.01
+    )
+    assert ratios["local_to_bare_aiokafka"] > 0
+
+
+@pytest.mark.kafka
+@pytest.mark.model
+def test_projection_benchmark_reports_throughput_and_per_model_freshness(
+    tmp_path: Path, kafka_bootstrap: str, default_model_dir: Path
+) -> None:
+    report = run(
+        projection.main,
+        tmp_path,
+        *("--messages", "200", "--real-messages", "40", "--runs", "1"),
+        *("--samples", "3", "--fresh-owners", "2", "--partitions", "4"),
+        *("--bootstrap", kafka_bootstrap, "--models-dir", str(default_model_dir.parent)),
+    )
+    for name, count in (("hashed", 200), ("real", 40)):
+        figures = report["throughput"][name]
+        assert figures["messages"] == count
+        assert figures["records_per_s"] > 0
+        assert 0 < figures["outside_embedding_share"] <= 1
+        assert figures["embed_seconds"] < figures["seconds"]
+    for transport in ("local", "kafka"):
+        for provider in ("hashed", "real"):
+            series = report["freshness_ms"][transport][provider]
+            assert set(series) == {"append_ack", "wait_applied", *MODEL_NAMES}
+            # A model has applied a record before the runner reports it applied.
+            assert all(
+                series[model]["p50_ms"] <= series["wait_applied"]["p50_ms"] for model in MODEL_NAMES
+            )
+
+
+@pytest.mark.model
+def test_retrieve_benchmark_reports_engine_http_and_embedding_latency(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    report = run(
+        retrieve_latency.main,
+        tmp_path,
+        *("--memories", "120", "--owners", "6", "--queries", "8", "--warmup", "2"),
+        *("--models-dir", str(default_model_dir.parent)),
+    )
+    for name, owners in (("spread", 6), ("single_owner", 1)):
+        layout = report["layouts"][name]
+        assert layout["owners"] == owners
+        assert layout["in_process"]["samples"] == 8
+        assert 0 < layout["in_process"]["p50_ms"] <= layout["in_process"]["p95_ms"]
+        assert set(layout["in_process_channels"]) >= {"vector", "lexical"}
+        assert set(layout["http"]) == {"keepalive", "new_connection_per_request"}
+        total = report["with_real_model"][name]["p95_total_estimate_ms"]
+        assert total == pytest.approx(
+            layout["in_process"]["p95_ms"] + report["real_model_embed_query"]["p95_ms"], abs=0.01
+        )

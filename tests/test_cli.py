@@ -1,0 +1,92 @@
+"""`prme ingest` and `prme audit` as a user runs them, on both transports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LINES = [
+    {"owner": "alice", "session": "s1", "role": "user", "content": "first"},
+    {"owner": "bob", "session": "s1", "role": "user", "content": "bob's"},
+    {
+        "owner": "alice",
+        "session": "s1",
+        "role": "assistant",
+        "content": "second",
+        "time": "2023-05-08T13:56:00Z",
+        "metadata": {"source": "import"},
+    },
+    {"owner": "alice", "session": "s2", "role": "user", "content": "third"},
+]
+
+
+def prme(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "prme.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def audit(owner: str, options: list[str], env: dict[str, str] | None = None) -> list[dict]:
+    result = prme("audit", "--owner", owner, *options, env=env)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def check_ingest_and_audit(
+    tmp_path: Path, options: list[str], env: dict[str, str] | None = None
+) -> None:
+    source = write_jsonl(
+        tmp_path / "in.jsonl", [*LINES, '{"owner": "", "content": "x"}', "not json"]
+    )
+    result = prme("ingest", str(source), "--on-error", "skip", "--quiet", *options, env=env)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["written"] == 4 and summary["skipped"] == 2 and summary["records_per_s"] > 0
+    assert f"{source}:5:" in result.stderr and "$.owner" in result.stderr
+    assert f"{source}:6:" in result.stderr
+
+    rows = audit("alice", options, env)
+    assert [r["record"]["content"] for r in rows] == ["first", "second", "third"]
+    offsets = [r["offset"] for r in rows]
+    assert offsets == sorted(offsets) and len({r["partition"] for r in rows}) == 1
+    second = rows[1]["record"]
+    assert second["kind"] == "message" and second["role"] == "assistant"
+    assert second["occurred_at"] == "2023-05-08T13:56:00Z"
+    assert second["metadata"] == {"source": "import"}
+    assert [r["record"]["content"] for r in audit("bob", options, env)] == ["bob's"]
+
+
+def test_ingest_and_audit_on_the_local_log(tmp_path: Path) -> None:
+    check_ingest_and_audit(tmp_path, ["--data-dir", str(tmp_path / "pack")])
+
+
+@pytest.mark.kafka
+def test_ingest_and_audit_on_kafka(tmp_path: Path, kafka_bootstrap: str, kafka_topic: str) -> None:
+    options = ["--transport", "kafka", "--bootstrap", kafka_bootstrap]
+    check_ingest_and_audit(tmp_path, options, env={"PRME_LOG__TOPIC": kafka_topic})
+
+
+def test_ingest_stops_at_the_first_bad_line_by_default(tmp_path: Path) -> None:
+    source = write_jsonl(
+        tmp_path / "in.jsonl",
+        [LINES[0], {"owner": "alice", "role": "robot", "content": "x"}, LINES[3]],
+    )
+    data = ["--data-dir", str(tmp_path / "pack")]
+    result = prme("ingest", str(source), "--quiet", *data)
+    assert result.returncode == 1
+    assert f"{source}:2:" in result.stderr and "role" in result.stderr
+    assert audit("alice", data) == []

@@ -1,0 +1,222 @@
+"""The embedded engine end to end: writes, retrieval, lifecycle, isolation, control events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from prme import MemoryEngine, MessageDraft
+from prme.schemas.config import Settings
+from prme.schemas.errors import Forbidden, InvalidInput, NotFound
+
+
+@pytest.fixture
+async def engine(local_settings: Settings, hashed_provider: Any) -> AsyncIterator[MemoryEngine]:
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    yield engine
+    await engine.close()
+
+
+def texts(response: Any) -> list[str]:
+    return [r.text for r in response.results]
+
+
+async def test_a_stored_memory_is_retrievable_at_once(engine: MemoryEngine) -> None:
+    await engine.store("Aurora needs approval before deployment.", "alice")
+    response = await engine.retrieve("Aurora deployment approval", "alice")
+    assert texts(response)[0] == "Aurora needs approval before deployment."
+    assert "Aurora needs approval before deployment." in response.bundle.render()
+
+
+async def test_retrieval_never_returns_another_owners_memories(engine: MemoryEngine) -> None:
+    await engine.store("Alice's secret is the blue door.", "alice")
+    await engine.store("Bob's secret is the blue door too.", "bob")
+    assert texts(await engine.retrieve("secret blue door", "alice")) == [
+        "Alice's secret is the blue door."
+    ]
+
+
+async def test_scope_limits_retrieval_to_that_scope(engine: MemoryEngine) -> None:
+    await engine.store("Work laptop is a ThinkPad.", "alice", scope="work")
+    await engine.store("Home laptop is a MacBook.", "alice", scope="home")
+    assert texts(await engine.retrieve("laptop", "alice", scope="work")) == [
+        "Work laptop is a ThinkPad."
+    ]
+    assert len((await engine.retrieve("laptop", "alice")).results) == 2
+
+
+async def test_receipt_says_how_each_result_was_found(engine: MemoryEngine) -> None:
+    await engine.store("Caroline went to the LGBTQ support group on 7 May.", "alice")
+    response = await engine.retrieve("Caroline support group", "alice")
+    receipt = response.receipt
+    assert receipt.owner == "alice" and receipt.query == "Caroline support group"
+    expected = {"vector", "lexical"} | ({"graph"} if engine.settings.scoring.graph else set())
+    assert {c.name for c in receipt.channels} == expected
+    assert all(c.used and c.error is None and c.ms >= 0 for c in receipt.channels)
+    first = receipt.results[0]
+    assert set(first.ranks) == expected
+    assert first.ranks["lexical"] == 1 and first.scores["lexical"] > 0
+    assert first.in_bundle and first.tokens > 0
+    assert first.semantic_relevance == pytest.approx(response.results[0].semantic_relevance)
+    assert receipt.embedding.model_name == engine.provider.model_name
+    assert receipt.embedding.dimension == engine.provider.dimension
+    assert receipt.embedding.embed_query_used is False
+    assert receipt.request_id and receipt.elapsed_ms > 0
+
+
+async def test_min_score_is_an_inclusive_floor_on_semantic_relevance(engine: MemoryEngine) -> None:
+    await engine.store("green tea every morning", "alice")
+    await engine.store("green tea", "alice")
+    await engine.store("the train leaves at noon", "alice")
+    everything = await engine.retrieve("green tea", "alice")
+    cosines = {r.text: r.semantic_relevance for r in everything.results}
+    assert all(c is not None for c in cosines.values())
+    floor = cosines["green tea every morning"]
+    kept = await engine.retrieve("green tea", "alice", min_score=floor)
+    assert set(texts(kept)) == {t for t, c in cosines.items() if c is not None and c >= floor}
+    assert "green tea every morning" in texts(kept)
+    assert not kept.receipt.min_score_skipped
+    assert all("min_score_skipped" not in r.metadata for r in kept.results)
+
+
+async def test_min_score_under_weighted_fusion_floors_the_composite(engine: MemoryEngine) -> None:
+    await engine.store("green tea every morning", "alice")
+    await engine.store("the train leaves at noon", "alice")
+    everything = await engine.retrieve("green tea", "alice", fusion="weighted")
+    best = everything.results[0]
+    kept = await engine.retrieve("green tea", "alice", fusion="weighted", min_score=best.score)
+    assert [r.node_id for r in kept.results] == [best.node_id]
+
+
+async def test_archived_memories_leave_retrieval_until_restored(engine: MemoryEngine) -> None:
+    stored = await engine.store("The Aurora launch is on Friday.", "alice")
+    node_id = stored.node_ids[0]
+    await engine.archive(node_id, "alice")
+    assert texts(await engine.retrieve("Aurora launch", "alice")) == []
+    assert texts(await engine.retrieve("Aurora launch", "alice", include_archived=True)) == [
+        "The Aurora launch is on Friday."
+    ]
+    await engine.restore(node_id, "alice")
+    assert texts(await engine.retrieve("Aurora launch", "alice")) == [
+        "The Aurora launch is on Friday."
+    ]
+
+
+async def test_superseded_memory_gives_way_to_its_replacement(engine: MemoryEngine) -> None:
+    old = await engine.store("The Aurora launch is on Friday.", "alice")
+    new = await engine.store("The Aurora launch moved to Monday.", "alice")
+    await engine.supersede(old.node_ids[0], new.node_ids[0], "alice")
+    assert texts(await engine.retrieve("Aurora launch", "alice")) == [
+        "The Aurora launch moved to Monday."
+    ]
+
+
+async def test_another_owners_event_or_node_is_refused(engine: MemoryEngine) -> None:
+    stored = await engine.store("Alice's plan.", "alice")
+    await engine.store("Bob's plan.", "bob")
+    with pytest.raises(Forbidden):
+        await engine.get_event(stored.event_id, "bob")
+    with pytest.raises(Forbidden):
+        await engine.archive(stored.node_ids[0], "bob")
+    with pytest.raises(NotFound):
+        await engine.get_event("01a22b27-0000-7000-8000-000000000000", "alice")
+    assert texts(await engine.retrieve("plan", "alice")) == ["Alice's plan."]
+
+
+async def test_event_provenance_names_the_derived_node(engine: MemoryEngine) -> None:
+    stored = await engine.store("Use dark mode.", "alice", session_id="s1")
+    event = await engine.get_event(stored.event_id, "alice")
+    assert event.kind == "message" and event.record.content == "Use dark mode."
+    assert await engine.get_event_nodes(stored.event_id, "alice") == stored.node_ids
+
+
+async def test_clearing_history_keeps_memories_retrievable(engine: MemoryEngine) -> None:
+    await engine.store("I prefer window seats.", "alice", session_id="s1")
+    cleared = await engine.clear_history("alice", "s1")
+    assert await engine.history("alice", "s1") == []
+    assert texts(await engine.retrieve("window seats", "alice")) == ["I prefer window seats."]
+    control = await engine.get_event(cleared.event_id, "alice")
+    assert control.kind == "history_cleared" and control.node_ids == []
+
+
+async def test_control_events_never_become_documents(engine: MemoryEngine) -> None:
+    first = await engine.store("one", "alice", session_id="s1")
+    await engine.store("two", "alice", session_id="s1")
+    await engine.delete_message("alice", first.event_id)
+    await engine.clear_history("alice", "s1")
+    await engine.replace_history(
+        "alice", "s1", [MessageDraft(owner="alice", session_id="s1", content="three")]
+    )
+    shard = await engine.runner.shard_for("alice")
+    vector, lexical, graph = (shard.models[n] for n in ("vector", "lexical", "graph"))
+    assert vector.count("alice") == 3  # type: ignore[attr-defined]
+    assert sorted(d.text for d in lexical.documents() if d.owner == "alice") == [
+        "one",
+        "three",
+        "two",
+    ]  # type: ignore[attr-defined]
+    nodes = await engine.get_nodes([f"mem:{first.event_id}"], "alice")
+    assert nodes[f"mem:{first.event_id}"].state == "active"
+    assert [m.content for m in await engine.history("alice", "s1")] == ["three"]
+
+
+async def test_erasing_an_owner_removes_every_trace_of_that_owner_only(
+    engine: MemoryEngine,
+) -> None:
+    stored = await engine.store("Alice's diary entry.", "alice", session_id="s1")
+    await engine.store("Bob's diary entry.", "bob", session_id="s1")
+    await engine.erase_owner("alice")
+    assert texts(await engine.retrieve("diary entry", "alice", include_archived=True)) == []
+    assert await engine.history("alice", "s1") == []
+    with pytest.raises(NotFound):
+        await engine.get_event(stored.event_id, "alice")
+    assert texts(await engine.retrieve("diary entry", "bob")) == ["Bob's diary entry."]
+
+
+async def test_bad_input_raises_and_writes_nothing(engine: MemoryEngine) -> None:
+    before = await engine.runner.transport.end_offsets()
+    for content, owner, options in [
+        ("x", "", {}),
+        ("x", "alice", {"role": "robot"}),
+        ("x" * 70_000, "alice", {}),
+        ("x", "alice", {"metadata": {"when": object()}}),
+    ]:
+        with pytest.raises(InvalidInput):
+            await engine.store(content, owner, **options)
+    with pytest.raises(InvalidInput):
+        await engine.retrieve("", "alice")
+    assert await engine.runner.transport.end_offsets() == before
+
+
+async def test_a_retried_write_with_the_same_request_id_is_stored_once(
+    engine: MemoryEngine,
+) -> None:
+    first = await engine.store("Pay the invoice.", "alice", request_id="req-1")
+    again = await engine.store("Pay the invoice.", "alice", request_id="req-1")
+    assert again.token == first.token
+    assert texts(await engine.retrieve("invoice", "alice")) == ["Pay the invoice."]
+
+
+async def test_bundle_packs_to_the_token_budget_edge(engine: MemoryEngine) -> None:
+    await engine.store("alpha beta gamma delta", "alice")
+    full = await engine.retrieve("alpha", "alice")
+    cost = full.receipt.results[0].tokens
+    exact = await engine.retrieve("alpha", "alice", token_budget=cost)
+    assert [i.text for i in exact.bundle.items] == ["alpha beta gamma delta"]
+    assert exact.bundle.tokens_used == cost
+    short = await engine.retrieve("alpha", "alice", token_budget=cost - 1)
+    assert short.bundle.items == [] and short.bundle.omitted == [full.results[0].node_id]
+    assert short.receipt.results[0].in_bundle is False
+
+
+async def test_the_callers_settings_are_not_modified(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    snapshot = local_settings.replace()
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=hashed_provider
+    ) as engine:
+        assert engine.embedding_config.dimension == hashed_provider.dimension
+    assert local_settings == snapshot

@@ -1,0 +1,118 @@
+"""The events read model: every record by event id, with offsets and derived node ids."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from prme.projectors.derive import derive_node
+from prme.projectors.model import ProjectedRecord
+from prme.projectors.stores.events import EventsModel
+from prme.schemas.records import (
+    AnyRecord,
+    HistoryCleared,
+    Message,
+    MessageDeleted,
+    NodeArchived,
+    OwnerErased,
+)
+
+AT = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def msg(event_id: str, owner: str = "alice") -> Message:
+    return Message(
+        event_id=event_id,
+        owner=owner,
+        session_id="s1",
+        scope="work",
+        recorded_at=AT,
+        role="user",
+        content="hi Caroline",
+    )
+
+
+def projected(records: list[AnyRecord], start: int = 0) -> list[ProjectedRecord]:
+    return [
+        ProjectedRecord(
+            offset=start + i,
+            record=r,
+            node=derive_node(r) if isinstance(r, Message) else None,
+        )
+        for i, r in enumerate(records)
+    ]
+
+
+@pytest.fixture
+def events(tmp_path: Path) -> Iterator[EventsModel]:
+    model = EventsModel(tmp_path / "events.sqlite", partition=3)
+    yield model
+    model.close()
+
+
+def test_every_kind_is_recorded_with_its_position(events: EventsModel) -> None:
+    records: list[AnyRecord] = [
+        msg("e1"),
+        HistoryCleared(event_id="c1", owner="alice", recorded_at=AT),
+        MessageDeleted(event_id="d1", owner="alice", recorded_at=AT, target_event_id="e1"),
+        NodeArchived(event_id="a1", owner="alice", recorded_at=AT, node_id="mem:e1"),
+    ]
+    events.apply(projected(records, start=5))
+    row = events.get("e1")
+    assert row is not None
+    assert (row.event_id, row.partition, row.offset, row.kind) == ("e1", 3, 5, "message")
+    assert (row.owner, row.session_id, row.scope) == ("alice", "s1", "work")
+    assert row.node_ids == ["mem:e1"]
+    assert row.record == records[0]
+    assert [r.kind for r in events.by_owner("alice")] == [
+        "message",
+        "history_cleared",
+        "message_deleted",
+        "node_archived",
+    ]
+    assert [r.record for r in events.by_owner("alice")] == records
+    assert events.applied_offset() == 8
+
+
+def test_node_ids_are_derived_nodes_only(events: EventsModel) -> None:
+    events.apply(
+        projected([msg("e1"), HistoryCleared(event_id="c1", owner="alice", recorded_at=AT)])
+    )
+    assert events.node_ids("e1") == ["mem:e1"]
+    assert events.node_ids("c1") == []
+    assert events.node_ids("unknown") == []
+    assert events.get("unknown") is None
+
+
+def test_owner_erased_deletes_only_that_owners_rows(events: EventsModel) -> None:
+    events.apply(projected([msg("e1"), msg("e2", owner="bob"), msg("e3")]))
+    events.apply(projected([OwnerErased(event_id="x1", owner="alice", recorded_at=AT)], start=3))
+    assert events.by_owner("alice") == []
+    assert events.get("e1") is None
+    assert events.get("x1") is None
+    assert [r.event_id for r in events.by_owner("bob")] == ["e2"]
+    assert events.applied_offset() == 3
+
+
+def test_reapplying_is_harmless(events: EventsModel) -> None:
+    batch = projected([msg("e1"), msg("e2")])
+    events.apply(batch)
+    digest = events.digest()
+    events.apply(batch)
+    assert events.digest() == digest
+    assert len(events.by_owner("alice")) == 2
+
+
+def test_reopen_keeps_offset_and_data(tmp_path: Path) -> None:
+    path = tmp_path / "events.sqlite"
+    with EventsModel(path, partition=0) as model:
+        model.apply(projected([msg("e1")], start=41))
+        digest = model.digest()
+    with EventsModel(path, partition=0) as reopened:
+        assert reopened.applied_offset() == 41
+        assert reopened.digest() == digest
+        row = reopened.get("e1")
+        assert row is not None and row.offset == 41

@@ -1,0 +1,137 @@
+"""The projector runner: resume, dead letters, rebuild, embedding identity."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from prme import MemoryEngine
+from prme.producers.factory import open_transport
+from prme.producers.producer import MessageDraft, Producer
+from prme.producers.transport import LogItem
+from prme.projectors.dead_letters import open_dead_letters, read_dead_letters
+from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.schemas.config import Settings
+from prme.schemas.errors import ConfigurationError
+
+
+class CountingProvider(HashedBagOfWordsProvider):
+    """Counts how many texts it was asked to encode."""
+
+    def __init__(self, version: str = "1") -> None:
+        super().__init__()
+        self.encoded = 0
+        self._version = version
+
+    @property
+    def model_version(self) -> str:
+        return super().model_version + ":" + self._version
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.encoded += len(texts)
+        return await super().embed(texts)
+
+
+async def _append_messages(settings: Settings, owner: str, contents: list[str]) -> None:
+    transport = open_transport(settings)
+    await transport.start()
+    try:
+        producer = Producer(transport)
+        for content in contents:
+            await producer.append_message(
+                MessageDraft(owner=owner, session_id="s", content=content)
+            )
+    finally:
+        await transport.close()
+
+
+async def test_a_restarted_engine_resumes_from_stored_offsets(local_settings: Settings) -> None:
+    provider = CountingProvider()
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=provider
+    ) as engine:
+        await engine.store("first", "alice", session_id="s")
+    await _append_messages(local_settings, "alice", ["second", "third"])
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=provider
+    ) as engine:
+        history = await engine.history("alice", "s")
+        assert [m.content for m in history] == ["first", "second", "third"]
+    assert provider.encoded == 3
+
+
+async def test_an_undecodable_record_goes_to_the_dead_letters_and_projection_goes_on(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    transport = open_transport(local_settings)
+    await transport.start()
+    await transport.append(LogItem(b"alice", b"\xc1 not msgpack"))
+    await transport.close()
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=hashed_provider
+    ) as engine:
+        await engine.store("after the bad record", "alice")
+        assert [r.text for r in (await engine.retrieve("bad record", "alice")).results] == [
+            "after the bad record"
+        ]
+    letters_log = open_dead_letters(local_settings)
+    await letters_log.start()
+    letters = await read_dead_letters(letters_log)
+    await letters_log.close()
+    assert len(letters) == 1 and "msgpack" in letters[0].error
+    assert letters[0].value == b"\xc1 not msgpack"
+
+
+async def test_rebuild_swaps_in_equal_models_without_reencoding(local_settings: Settings) -> None:
+    provider = CountingProvider()
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=provider
+    ) as engine:
+        for i in range(30):
+            await engine.store(f"memory number {i} about topic {i % 3}", f"user{i % 5}", wait=False)
+        await engine.runner.catch_up()
+        before = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+        encoded = provider.encoded
+        replayed = await engine.rebuild()
+        assert sum(replayed.values()) >= 30
+        after = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+        assert after == before
+        assert provider.encoded == encoded
+        response = await engine.retrieve("memory topic", "user1")
+        assert response.results
+
+
+async def test_a_pack_built_with_a_custom_provider_needs_it_to_reopen(
+    local_settings: Settings,
+) -> None:
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=CountingProvider()
+    ):
+        pass
+    with pytest.raises(ConfigurationError, match="custom embedding provider"):
+        await MemoryEngine.open(settings=local_settings)
+
+
+async def test_another_provider_identity_reports_a_mismatch_until_rebuild(
+    local_settings: Settings,
+) -> None:
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=CountingProvider("1")
+    ) as engine:
+        await engine.store("green tea in the morning", "alice")
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=CountingProvider("2")
+    ) as engine:
+        response = await engine.retrieve("green tea", "alice", min_score=0.9)
+        vector = next(c for c in response.receipt.channels if c.name == "vector")
+        assert not vector.used and "mismatch" in (vector.error or "")
+        assert response.receipt.embedding.mismatch
+        assert [r.text for r in response.results] == ["green tea in the morning"]
+        assert all(r.metadata.get("min_score_skipped") is True for r in response.results)
+        assert response.receipt.min_score_skipped
+        await engine.rebuild(["vector"])
+        rebuilt = await engine.retrieve("green tea", "alice", min_score=0.1)
+        assert next(c for c in rebuilt.receipt.channels if c.name == "vector").used
+        assert not rebuilt.receipt.min_score_skipped

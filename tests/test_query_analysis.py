@@ -1,0 +1,102 @@
+"""Query analysis stages: stopwords, time cues, date mentions, and the time factor."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from prme.query.analysis import analyse, strip_stopwords
+from prme.query.retrieve import time_factor
+from prme.query.temporal import date_mentions, has_time_expression, time_cue
+from prme.schemas.config import QuerySettings
+
+ON = QuerySettings()
+OFF = QuerySettings(strip_stopwords=False, temporal_cues=False, date_match=False)
+
+
+def test_strip_stopwords_keeps_content_words_only() -> None:
+    assert strip_stopwords("What did Caroline paint after the trip?") == "Caroline paint trip"
+    assert strip_stopwords("Would Melanie likely enjoy what's there?") == "Melanie enjoy"
+
+
+def test_lexical_query_falls_back_to_the_query_when_all_words_are_stopwords() -> None:
+    assert analyse("what is it?", ON).lexical_query == "what is it?"
+
+
+@pytest.mark.parametrize(
+    ("query", "cue"),
+    [
+        ("When did Ben run a marathon?", "when"),
+        ("How long   has she played the cello?", "how long"),
+        ("In what year did they move?", "what year"),
+        ("How many weeks did the course last?", "how many weeks"),
+        ("What did Ava name her cat?", None),
+        ("Whenever possible?", None),
+    ],
+)
+def test_time_cue(query: str, cue: str | None) -> None:
+    assert time_cue(query) == cue
+
+
+def test_date_mentions_parse_days_months_and_years() -> None:
+    spans = date_mentions("What happened on 8 May, 2023, in June 2023 or in 2022?")
+    assert [(s.text, s.start.date().isoformat(), s.end.date().isoformat()) for s in spans] == [
+        ("8 May, 2023", "2023-05-08", "2023-05-09"),
+        ("June 2023", "2023-06-01", "2023-07-01"),
+        ("2022", "2022-01-01", "2023-01-01"),
+    ]
+
+
+def test_date_mentions_handle_month_first_and_december() -> None:
+    (day,) = date_mentions("Was it December 31st, 2023?")
+    assert day.start == datetime(2023, 12, 31, tzinfo=UTC)
+    (month,) = date_mentions("during Dec 2023")
+    assert month.end == datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def test_date_mentions_ignore_numbers_that_are_not_dates_and_impossible_days() -> None:
+    assert date_mentions("She ran 2500 metres and scored 12/2023") == []
+    assert [span.text for span in date_mentions("31 February 2023")] == ["February 2023"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("I went there yesterday", True),
+        ("We met 3 years ago", True),
+        ("Back in June it rained", True),
+        ("It was on 5/7", True),
+        ("I love painting sunsets", False),
+    ],
+)
+def test_has_time_expression(text: str, expected: bool) -> None:
+    assert has_time_expression(text) is expected
+
+
+def test_stages_are_reported_and_switchable() -> None:
+    query = "When did Caroline go to the support group in May 2023?"
+    on = analyse(query, ON)
+    assert on.stages == {"strip_stopwords": True, "temporal_cues": True, "date_match": True}
+    assert on.lexical_query == "Caroline go support group May 2023"
+    assert on.time_cue == "when"
+    assert [span.text for span in on.dates] == ["May 2023"]
+    off = analyse(query, OFF)
+    assert off.stages == dict.fromkeys(on.stages, False)
+    assert (off.lexical_query, off.time_cue, off.dates) == (query, None, [])
+
+
+def test_time_factor_multiplies_cue_and_date_boosts() -> None:
+    settings = QuerySettings(time_boost=0.5, date_boost=1.0, date_slack_days=7)
+    analysis = analyse("When did she move in May 2023?", settings)
+    in_may = datetime(2023, 5, 20, tzinfo=UTC)
+    after_slack = datetime(2023, 6, 9, tzinfo=UTC)
+    assert time_factor(analysis, "we moved last week", in_may, settings) == 3.0
+    assert time_factor(analysis, "we moved", in_may, settings) == 2.0
+    assert time_factor(analysis, "we moved yesterday", after_slack, settings) == 1.5
+    assert time_factor(analysis, "we moved", None, settings) == 1.0
+
+
+def test_time_factor_is_one_when_stages_are_off() -> None:
+    analysis = analyse("When did she move in May 2023?", OFF)
+    assert time_factor(analysis, "last week", datetime(2023, 5, 2, tzinfo=UTC), ON) == 1.0

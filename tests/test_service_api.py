@@ -1,0 +1,408 @@
+"""The HTTP service through its ASGI app: auth matrix, endpoints, errors, OpenAPI."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prme.producers.producer import MessageDraft
+from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.query.auth import Unauthenticated
+from prme.query.engine import MemoryEngine
+from prme.query.http_client import HttpMemoryBackend
+from prme.query.service import create_app
+from prme.schemas.config import LimitsSettings, ServiceSettings, Settings
+from prme.schemas.errors import Forbidden, InvalidInput, NotFound
+from prme.schemas.records import Message
+
+KEYS = {"key-alice": "alice", "key-bob": "bob", "key-admin": "*"}
+ALICE = {"Authorization": "Bearer key-alice"}
+BOB = {"X-API-Key": "key-bob"}
+ADMIN = {"Authorization": "Bearer key-admin"}
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[MemoryEngine]:
+    settings = Settings(
+        service=ServiceSettings(api_keys=KEYS), limits=LimitsSettings(max_body_bytes=64 * 1024)
+    )
+    engine = await MemoryEngine.create(
+        tmp_path / "pack", settings=settings, embedding_provider=HashedBagOfWordsProvider()
+    )
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+async def http(engine: MemoryEngine) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=create_app(engine))
+    async with httpx.AsyncClient(transport=transport, base_url="http://prme") as client:
+        yield client
+
+
+def backend(engine: MemoryEngine, key: str) -> HttpMemoryBackend:
+    return HttpMemoryBackend(
+        "http://prme", key, timeout_s=10, transport=httpx.ASGITransport(app=create_app(engine))
+    )
+
+
+async def log_size(engine: MemoryEngine) -> int:
+    return sum((await engine.runner.transport.end_offsets()).values())
+
+
+async def store(http: httpx.AsyncClient, user: str, text: str, headers: dict[str, str]) -> Any:
+    response = await http.post(
+        "/v1/memories", json={"user_id": user, "content": text}, headers=headers
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+async def found_ids(client: HttpMemoryBackend, query: str, **options: Any) -> set[str]:
+    return {r.node_id for r in (await client.retrieve(query, "alice", **options)).results}
+
+
+# -- auth -----------------------------------------------------------------------------
+
+
+async def test_health_and_readiness_need_no_key(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/v1/health")).json() == {"status": "ok"}
+    ready = await http.get("/v1/ready")
+    assert ready.status_code == 200
+    assert ready.json()["ready"] is True and ready.json()["lag"] == 0
+
+
+async def test_request_without_key_is_401_and_writes_nothing(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    before = await log_size(engine)
+    response = await http.post("/v1/memories", json={"user_id": "alice", "content": "hi"})
+    assert response.status_code == 401
+    assert response.json()["error"] == "unauthenticated"
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert (await http.get("/v1/history", params={"user_id": "alice"})).status_code == 401
+    wrong = await http.get(
+        "/v1/history", params={"user_id": "alice"}, headers={"Authorization": "Bearer nope"}
+    )
+    assert wrong.status_code == 401 and "unknown API key" in wrong.json()["detail"]
+    assert await log_size(engine) == before
+
+
+async def test_key_of_one_owner_cannot_act_for_another(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    bobs = await store(http, "bob", "bob keeps bees", BOB)
+    before = await log_size(engine)
+    event_id, node_id = bobs["event_id"], bobs["node_ids"][0]
+    attempts = [
+        ("POST", "/v1/memories", {"json": {"user_id": "bob", "content": "x"}}),
+        (
+            "POST",
+            "/v1/memories/batch",
+            {
+                "json": {
+                    "messages": [
+                        {"user_id": "alice", "content": "a"},
+                        {"user_id": "bob", "content": "b"},
+                    ]
+                }
+            },
+        ),
+        ("POST", "/v1/retrieve", {"json": {"user_id": "bob", "query": "bees"}}),
+        ("GET", "/v1/history", {"params": {"user_id": "bob"}}),
+        (
+            "POST",
+            "/v1/history/messages",
+            {"json": {"user_id": "bob", "session_id": "s", "messages": []}},
+        ),
+        (
+            "POST",
+            "/v1/history/replace",
+            {"json": {"user_id": "bob", "session_id": "s", "messages": []}},
+        ),
+        ("POST", "/v1/history/clear", {"json": {"user_id": "bob", "session_id": "s"}}),
+        ("DELETE", f"/v1/history/messages/{event_id}", {"params": {"user_id": "bob"}}),
+        ("GET", f"/v1/events/{event_id}", {"params": {"user_id": "bob"}}),
+        ("GET", f"/v1/events/{event_id}/nodes", {"params": {"user_id": "bob"}}),
+        ("POST", f"/v1/nodes/{node_id}/archive", {"json": {"user_id": "bob"}}),
+        ("POST", f"/v1/nodes/{node_id}/restore", {"json": {"user_id": "bob"}}),
+        (
+            "POST",
+            f"/v1/nodes/{node_id}/supersede",
+            {"json": {"user_id": "bob", "by_node_id": node_id}},
+        ),
+        ("DELETE", "/v1/owners", {"params": {"user_id": "bob"}}),
+    ]
+    for method, path, options in attempts:
+        response = await http.request(method, path, headers=ALICE, **options)
+        assert response.status_code == 403, (method, path, response.text)
+        assert response.json()["error"] == "forbidden"
+    # Naming herself while asking for bob's event by id: the engine refuses it too.
+    for path in (f"/v1/events/{event_id}", f"/v1/events/{event_id}/nodes"):
+        response = await http.get(path, params={"user_id": "alice"}, headers=ALICE)
+        assert response.status_code == 403, response.text
+    archived = await http.post(
+        f"/v1/nodes/{node_id}/archive", json={"user_id": "alice"}, headers=ALICE
+    )
+    assert archived.status_code == 403
+    assert await log_size(engine) == before
+
+
+async def test_owner_and_admin_keys_may_act(http: httpx.AsyncClient) -> None:
+    await store(http, "alice", "alice grows tomatoes", ALICE)
+    await store(http, "alice", "alice also grows basil", ADMIN)
+    for headers in (ALICE, ADMIN):
+        response = await http.get("/v1/history", params={"user_id": "alice"}, headers=headers)
+        assert response.status_code == 200
+        assert [m["content"] for m in response.json()] == [
+            "alice grows tomatoes",
+            "alice also grows basil",
+        ]
+
+
+async def test_open_service_when_no_keys_are_configured(tmp_path: Path) -> None:
+    engine = await MemoryEngine.create(
+        tmp_path / "open", settings=Settings(), embedding_provider=HashedBagOfWordsProvider()
+    )
+    try:
+        transport = httpx.ASGITransport(app=create_app(engine))
+        async with httpx.AsyncClient(transport=transport, base_url="http://prme") as http:
+            stored = await http.post("/v1/memories", json={"user_id": "zoe", "content": "hi"})
+            assert stored.status_code == 201
+    finally:
+        await engine.close()
+
+
+# -- operations through HttpMemoryBackend ------------------------------------------------
+
+
+async def test_backend_round_trips_every_operation(engine: MemoryEngine) -> None:
+    async with backend(engine, "key-alice") as alice:
+        stored = await alice.store("I adopted a cat named Miso", "alice", session_id="s1")
+        found = await alice.retrieve("cat Miso", "alice", after=stored.token)
+        assert [r.event_id for r in found.results] == [stored.event_id]
+        assert "Miso" in found.bundle.render()
+        assert found.receipt.owner == "alice"
+
+        drafts = [
+            MessageDraft(owner="alice", session_id="s1", content="hello", role="user"),
+            MessageDraft(owner="alice", session_id="s1", content="hi!", role="assistant"),
+        ]
+        added = await alice.add_messages("alice", "s1", drafts)
+        history = await alice.history("alice", "s1", after=added[-1].token)
+        assert all(isinstance(m, Message) for m in history)
+        assert [m.content for m in history] == ["I adopted a cat named Miso", "hello", "hi!"]
+        assert [m.content for m in await alice.history("alice", "s1", limit=1)] == ["hi!"]
+
+        await alice.delete_message("alice", added[0].event_id)
+        assert [m.content for m in await alice.history("alice", "s1")] == [
+            "I adopted a cat named Miso",
+            "hi!",
+        ]
+        replaced = await alice.replace_history(
+            "alice", "s1", [MessageDraft(owner="alice", session_id="s1", content="fresh start")]
+        )
+        assert len(replaced) == 2 and replaced[0].node_ids == []
+        assert [m.content for m in await alice.history("alice", "s1")] == ["fresh start"]
+        await alice.clear_history("alice", "s1")
+        assert await alice.history("alice", "s1") == []
+
+        event = await alice.get_event(stored.event_id, "alice")
+        assert event.kind == "message" and isinstance(event.record, Message)
+        assert event.record.content == "I adopted a cat named Miso"
+        node_id = stored.node_ids[0]
+        assert await alice.get_event_nodes(stored.event_id, "alice") == [node_id]
+
+        await alice.archive(node_id, "alice", reason="outdated")
+        assert node_id not in await found_ids(alice, "cat Miso")
+        assert node_id in await found_ids(alice, "cat Miso", include_archived=True)
+        await alice.restore(node_id, "alice")
+        assert node_id in await found_ids(alice, "cat Miso")
+        newer = await alice.store("Miso the cat is now called Mochi", "alice")
+        await alice.supersede(node_id, newer.node_ids[0], "alice")
+        current = await found_ids(alice, "cat Miso")
+        assert node_id not in current and newer.node_ids[0] in current
+
+        batch = await alice.store_many(
+            [MessageDraft(owner="alice", content=f"fact {i}") for i in range(3)]
+        )
+        assert len({r.event_id for r in batch}) == 3
+
+        await alice.erase_owner("alice")
+        assert await alice.history("alice", "s1") == []
+        assert (await alice.retrieve("cat", "alice")).results == []
+
+
+async def test_backend_maps_http_errors_to_the_engine_exceptions(engine: MemoryEngine) -> None:
+    async with backend(engine, "key-alice") as alice, backend(engine, "key-bob") as bob:
+        bobs = await bob.store("bob keeps bees", "bob")
+        with pytest.raises(Forbidden):
+            await alice.get_event(bobs.event_id, "alice")
+        with pytest.raises(Forbidden):
+            await alice.retrieve("bees", "bob")
+        with pytest.raises(NotFound):
+            await alice.get_event("01900000-0000-7000-8000-000000000000", "alice")
+        with pytest.raises(NotFound):
+            await alice.archive("mem:01900000-0000-7000-8000-000000000000", "alice")
+        with pytest.raises(InvalidInput, match="query"):
+            await alice.retrieve("   ", "alice")
+        with pytest.raises(InvalidInput, match="belong to the history"):
+            await alice.add_messages("alice", "s", [MessageDraft(owner="alice", content="x")])
+    async with backend(engine, "") as anonymous:
+        with pytest.raises(Unauthenticated):
+            await anonymous.history("alice")
+
+
+# -- bad input --------------------------------------------------------------------------
+
+
+BAD_BODIES = [
+    (b'{"user_id": "alice", "content": ', "malformed"),
+    (b'{"user_id": "alice", "content": 42}', "$.content"),
+    (b'{"user_id": "alice", "content": "x", "colour": "red"}', "colour"),
+    (b'{"user_id": "alice", "content": "x", "role": "robot"}', "$.role"),
+    (b'{"user_id": "alice", "content": "x", "wait": "yes"}', "$.wait"),
+    (b'{"content": "x"}', "user_id"),
+    (b'["alice", "x"]', "array"),
+]
+
+
+@pytest.mark.parametrize(("body", "named"), BAD_BODIES)
+async def test_bad_store_body_is_400_naming_the_problem_and_writes_nothing(
+    http: httpx.AsyncClient, engine: MemoryEngine, body: bytes, named: str
+) -> None:
+    before = await log_size(engine)
+    response = await http.post(
+        "/v1/memories", content=body, headers={**ALICE, "Content-Type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "invalid_input"
+    assert named in response.json()["detail"]
+    assert await log_size(engine) == before
+
+
+async def test_bad_batch_message_rejects_the_whole_batch(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    before = await log_size(engine)
+    body = {
+        "messages": [
+            {"user_id": "alice", "content": "fine"},
+            {"user_id": "alice", "content": "bad", "role": "wizard"},
+        ]
+    }
+    response = await http.post("/v1/memories/batch", json=body, headers=ALICE)
+    assert response.status_code == 400
+    assert "$.messages[1].role" in response.json()["detail"]
+    oversized = {"messages": [{"user_id": "alice", "content": "y" * 70_000}]}
+    assert (await http.post("/v1/memories/batch", json=oversized, headers=ALICE)).status_code == 413
+    assert await log_size(engine) == before
+    history = await http.get("/v1/history", params={"user_id": "alice"}, headers=ALICE)
+    assert history.json() == []
+
+
+async def test_body_over_the_limit_is_413(http: httpx.AsyncClient, engine: MemoryEngine) -> None:
+    before = await log_size(engine)
+    huge = {"user_id": "alice", "content": "z" * (65 * 1024)}
+    response = await http.post("/v1/memories", json=huge, headers=ALICE)
+    assert response.status_code == 413
+    assert response.json() == {
+        "error": "payload_too_large",
+        "detail": "request body is over the limit of 65536 bytes (limits.max_body_bytes)",
+    }
+    assert await log_size(engine) == before
+
+
+async def test_metadata_over_its_limit_is_400(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    before = await log_size(engine)
+    body = {"user_id": "alice", "content": "w", "metadata": {"k": "v" * 17_000}}
+    response = await http.post("/v1/memories", json=body, headers=ALICE)
+    assert response.status_code == 400
+    assert "metadata" in response.json()["detail"]
+    assert await log_size(engine) == before
+
+
+async def test_bad_query_parameters_are_400_naming_the_parameter(
+    http: httpx.AsyncClient,
+) -> None:
+    cases = [
+        ({"user_id": "alice", "limit": "many"}, "limit"),
+        ({"user_id": "alice", "limit": "0"}, "limit"),
+        ({"user_id": "alice", "after": "yesterday"}, "after"),
+        ({}, "user_id"),
+    ]
+    for params, named in cases:
+        response = await http.get("/v1/history", params=params, headers=ALICE)
+        assert response.status_code == 400, (params, response.text)
+        assert named in response.json()["detail"]
+
+
+async def test_retrieve_types_are_strict(http: httpx.AsyncClient) -> None:
+    response = await http.post(
+        "/v1/retrieve", json={"user_id": "alice", "query": "x", "top_k": "10"}, headers=ALICE
+    )
+    assert response.status_code == 400
+    assert response.json()["detail"].endswith("at `$.top_k`")
+    fusion = await http.post(
+        "/v1/retrieve", json={"user_id": "alice", "query": "x", "fusion": "magic"}, headers=ALICE
+    )
+    assert fusion.status_code == 400 and "$.fusion" in fusion.json()["detail"]
+
+
+async def test_retrieve_reply_carries_rendered_bundle_text(http: httpx.AsyncClient) -> None:
+    stored = await store(http, "alice", "the meeting moved to Friday", ALICE)
+    response = await http.post(
+        "/v1/retrieve",
+        json={"user_id": "alice", "query": "meeting Friday", "after": stored["token"]},
+        headers=ALICE,
+    )
+    assert response.status_code == 200
+    reply = response.json()
+    assert reply["results"][0]["event_id"] == stored["event_id"]
+    assert "the meeting moved to Friday" in reply["bundle"]["text"]
+    assert reply["receipt"]["results"][0]["node_id"] == stored["node_ids"][0]
+
+
+async def test_unknown_route_uses_the_error_shape(http: httpx.AsyncClient) -> None:
+    response = await http.get("/v1/nope", headers=ALICE)
+    assert response.status_code == 404
+    assert set(response.json()) == {"error", "detail"}
+
+
+# -- OpenAPI ---------------------------------------------------------------------------
+
+
+async def test_openapi_document_lists_the_endpoints(http: httpx.AsyncClient) -> None:
+    response = await http.get("/schema/openapi.json")
+    assert response.status_code == 200
+    document = response.json()
+    paths = document["paths"]
+    expected = {
+        "/v1/health": "get",
+        "/v1/ready": "get",
+        "/v1/memories": "post",
+        "/v1/memories/batch": "post",
+        "/v1/retrieve": "post",
+        "/v1/history": "get",
+        "/v1/history/messages": "post",
+        "/v1/history/replace": "post",
+        "/v1/history/clear": "post",
+        "/v1/history/messages/{event_id}": "delete",
+        "/v1/events/{event_id}": "get",
+        "/v1/events/{event_id}/nodes": "get",
+        "/v1/nodes/{node_id}/archive": "post",
+        "/v1/nodes/{node_id}/restore": "post",
+        "/v1/nodes/{node_id}/supersede": "post",
+        "/v1/owners": "delete",
+    }
+    for path, method in expected.items():
+        assert method in paths.get(path, {}), path
+    store_body = paths["/v1/memories"]["post"]["requestBody"]["content"]["application/json"]
+    assert store_body["schema"]
+    assert {"bearer", "apiKey"} <= set(document["components"]["securitySchemes"])
