@@ -92,17 +92,17 @@ class Retriever:
                 shard, owner, analysis, ranked, self._settings.query.time_depth
             )
         cosines = dict(channels.get("vector", []))
-        if query_vector is not None:
-            missing = [node_id for node_id, _ in ranked[:limit] if node_id not in cosines]
-            cosines.update(await self._cosines(shard, query_vector, owner, missing))
         floor_skipped = min_score is not None and query_vector is None
-        if min_score is not None and not floor_skipped:
-            ranked = [
-                (node_id, score)
-                for node_id, score in ranked
-                if _passes(fusion, min_score, score, cosines.get(node_id))
-            ]
-        ranked = ranked[:top_k]
+        ranked = await self._head(
+            shard,
+            owner,
+            fusion,
+            ranked,
+            top_k,
+            cosines,
+            query_vector,
+            None if floor_skipped else min_score,
+        )
         missing_nodes = [node_id for node_id, _ in ranked if node_id not in nodes]
         if missing_nodes:
             nodes.update(await self._nodes(shard, owner, missing_nodes))
@@ -258,6 +258,34 @@ class Retriever:
         rescored = [(node_id, score * boosts.get(node_id, 1.0)) for node_id, score in head]
         rescored.sort(key=lambda item: (-item[1], item[0]))
         return rescored + list(ranked[limit:]), nodes, boosts
+
+    async def _head(
+        self,
+        shard: Shard,
+        owner: str,
+        fusion: str,
+        ranked: Ranking,
+        top_k: int,
+        cosines: dict[str, float],
+        query_vector: list[float] | None,
+        min_score: float | None,
+    ) -> Ranking:
+        """The first ``top_k`` candidates that pass the floor. Cosines for candidates the
+        vector channel did not return are fetched only as far down the ranking as needed
+        (in pages of ``2 * top_k``), and added to ``cosines``."""
+        head: Ranking = []
+        page = max(2 * top_k, 20)
+        for start in range(0, len(ranked), page):
+            chunk = ranked[start : start + page]
+            if query_vector is not None:
+                missing = [node_id for node_id, _ in chunk if node_id not in cosines]
+                cosines.update(await self._cosines(shard, query_vector, owner, missing))
+            for node_id, score in chunk:
+                if min_score is None or _passes(fusion, min_score, score, cosines.get(node_id)):
+                    head.append((node_id, score))
+                    if len(head) == top_k:
+                        return head
+        return head
 
     async def _cosines(
         self, shard: Shard, vector: list[float], owner: str, node_ids: list[str]

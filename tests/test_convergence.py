@@ -24,7 +24,7 @@ from prme.schemas.config import Settings
 from prme.schemas.records import Record, memory_node_id
 
 CHILD = Path(__file__).with_name("projector_child.py")
-RECORDS = 2500
+RECORDS = 4000
 KILLS = 10
 
 
@@ -141,7 +141,7 @@ def project_with_kills(settings: Settings, group: str, seed: int = 11) -> int:
         if started.strip() != "started":
             _, err = child.communicate(timeout=60)
             pytest.fail(f"projector did not start: {err[-3000:]}")
-        deadline = time.monotonic() + rng.uniform(0.05, 1.2)
+        deadline = time.monotonic() + rng.uniform(0.02, 0.3)
         while time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.01)
         if child.poll() is None:

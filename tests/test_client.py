@@ -1,0 +1,99 @@
+"""MemoryClient: the sync face over the worker loop, sharing one engine per directory."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from prme import AsyncMemoryClient, MemoryClient
+from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.schemas.errors import ConfigurationError
+
+
+class LoopBoundProvider(HashedBagOfWordsProvider):
+    """Creates a loop-bound resource lazily inside embed, as an HTTP client would, and
+    refuses to be used from another loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        running = asyncio.get_running_loop()
+        if self.loop is None:
+            self.loop = running
+        elif self.loop is not running:
+            raise RuntimeError("this provider's resources belong to another event loop")
+        await asyncio.sleep(0)
+        return await super().embed(texts)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_provider_coroutines_run_on_the_clients_worker_loop(tmp_path: Path) -> None:
+    provider = LoopBoundProvider()
+    client = MemoryClient(tmp_path / "pack", embedding_provider=provider)
+    try:
+        client.store("Aurora needs approval.", user_id="alice")
+        results: list[list[str]] = []
+
+        def retrieve_from_another_thread() -> None:
+            results.append([r.text for r in client.retrieve("Aurora", user_id="alice").results])
+
+        thread = threading.Thread(target=retrieve_from_another_thread)
+        thread.start()
+        thread.join()
+        assert results == [["Aurora needs approval."]]
+        assert provider.loop is client.loop
+    finally:
+        client.close()
+    assert provider.closed is False
+
+
+def test_clients_of_one_directory_share_one_engine(tmp_path: Path) -> None:
+    provider = HashedBagOfWordsProvider()
+    first = MemoryClient(tmp_path / "pack", embedding_provider=provider)
+    second = MemoryClient(tmp_path / "pack", embedding_provider=provider)
+    try:
+        assert first.engine is second.engine
+        first.store("shared write", user_id="alice", session_id="s")
+        assert [m.content for m in second.history("alice", "s")] == ["shared write"]
+        first.close()
+        assert [r.text for r in second.retrieve("shared", user_id="alice").results] == [
+            "shared write"
+        ]
+        with pytest.raises(ConfigurationError, match="another embedding provider"):
+            MemoryClient(tmp_path / "pack", embedding_provider=HashedBagOfWordsProvider())
+    finally:
+        second.close()
+    reopened = MemoryClient(tmp_path / "pack", embedding_provider=provider)
+    try:
+        assert [m.content for m in reopened.history("alice", "s")] == ["shared write"]
+    finally:
+        reopened.close()
+
+
+def test_a_client_needs_exactly_one_of_directory_or_url(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError):
+        MemoryClient()
+    with pytest.raises(ConfigurationError):
+        MemoryClient(tmp_path, url="http://127.0.0.1:1")
+
+
+async def test_the_async_client_has_the_same_surface(tmp_path: Path) -> None:
+    sync_methods = {n for n in dir(MemoryClient) if not n.startswith("_")} - {"loop"}
+    async_methods = {n for n in dir(AsyncMemoryClient) if not n.startswith("_")}
+    assert sync_methods <= async_methods
+    async with AsyncMemoryClient(
+        tmp_path / "pack", embedding_provider=HashedBagOfWordsProvider()
+    ) as client:
+        await client.store("async write", "alice")
+        assert [r.text for r in (await client.retrieve("async", "alice")).results] == [
+            "async write"
+        ]

@@ -1,0 +1,130 @@
+"""Records and codecs: round trips, versions, unknown kinds, field-naming errors."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+
+from prme.schemas.codec import decode_record, encode_record, record_from_json, record_to_json
+from prme.schemas.config import Settings
+from prme.schemas.errors import (
+    ConfigurationError,
+    RecordDecodeError,
+    UnknownRecordKind,
+    UnsupportedRecordVersion,
+)
+from prme.schemas.records import (
+    CONTROL_KINDS,
+    KINDS,
+    SCHEMA_VERSION,
+    HistoryCleared,
+    HistoryReplaced,
+    Message,
+    MessageDeleted,
+    NodeArchived,
+    NodeRestored,
+    NodeSuperseded,
+    OwnerErased,
+    message_text,
+)
+
+AT = datetime(2024, 5, 8, 13, 56, tzinfo=UTC)
+ENVELOPE = {"event_id": "01a22b27-0000-7000-8000-000000000001", "owner": "alice", "recorded_at": AT}
+
+EVERY_KIND = [
+    Message(
+        **ENVELOPE,
+        role="tool",
+        content=[{"type": "text", "text": "42"}, {"type": "image_url", "image_url": {"url": "x"}}],
+        name="calculator",
+        tool_call_id="call-1",
+        tool_calls=[{"id": "call-1", "name": "add", "args": {"a": 1}}],
+        message_id="lc-1",
+        fields={"status": "success", "artifact": {"rows": [1, 2]}},
+        metadata={"source": "test"},
+        occurred_at=AT,
+        request_id="req-1",
+    ),
+    HistoryCleared(**ENVELOPE, session_id="s1", scope="work"),
+    MessageDeleted(**ENVELOPE, target_event_id="01a22b27-0000-7000-8000-000000000002"),
+    HistoryReplaced(**ENVELOPE, message_count=2),
+    NodeArchived(**ENVELOPE, node_id="mem:x", reason="stale"),
+    NodeRestored(**ENVELOPE, node_id="mem:x"),
+    NodeSuperseded(**ENVELOPE, node_id="mem:x", by_node_id="mem:y"),
+    OwnerErased(**ENVELOPE),
+]
+
+
+@pytest.mark.parametrize("record", EVERY_KIND, ids=lambda r: type(r).__name__)
+def test_every_kind_round_trips_through_msgpack_and_json(record: object) -> None:
+    assert decode_record(encode_record(record)) == record  # type: ignore[arg-type]
+    assert record_from_json(record_to_json(record)) == record  # type: ignore[arg-type]
+
+
+def test_every_kind_is_covered_and_control_kinds_carry_no_content() -> None:
+    assert {type(r).__struct_config__.tag for r in EVERY_KIND} == KINDS
+    for record in EVERY_KIND:
+        if type(record).__struct_config__.tag in CONTROL_KINDS:
+            assert not hasattr(record, "content")
+
+
+def test_a_newer_schema_version_is_refused_with_a_specific_error() -> None:
+    newer = msgspec.msgpack.encode({**msgspec.to_builtins(EVERY_KIND[1]), "v": SCHEMA_VERSION + 1})
+    with pytest.raises(UnsupportedRecordVersion, match="schema version 2"):
+        decode_record(newer)
+
+
+def test_an_unknown_kind_is_refused_with_a_specific_error() -> None:
+    unknown = msgspec.msgpack.encode({**msgspec.to_builtins(EVERY_KIND[1]), "kind": "telepathy"})
+    with pytest.raises(UnknownRecordKind, match="telepathy"):
+        decode_record(unknown)
+    with pytest.raises(UnknownRecordKind):
+        record_from_json(msgspec.json.encode({"kind": "telepathy", "v": 1}))
+
+
+def test_a_newer_writers_extra_fields_are_ignored() -> None:
+    extended = {**msgspec.to_builtins(EVERY_KIND[1]), "future_field": [1, 2]}
+    assert decode_record(msgspec.msgpack.encode(extended)) == EVERY_KIND[1]
+
+
+def test_validation_errors_name_the_field() -> None:
+    broken = {**msgspec.to_builtins(EVERY_KIND[0]), "owner": 7}
+    with pytest.raises(RecordDecodeError, match=r"\$\.owner"):
+        decode_record(msgspec.msgpack.encode(broken))
+    with pytest.raises(RecordDecodeError, match="not msgpack"):
+        decode_record(b"\xc1")
+
+
+def test_message_text_joins_text_blocks_only() -> None:
+    assert message_text("plain") == "plain"
+    assert (
+        message_text(
+            [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
+        )
+        == "a\nb"
+    )
+
+
+def test_settings_come_from_prme_variables_with_nesting() -> None:
+    settings = Settings.from_env(
+        {
+            "PRME_DATA_DIR": "/data",
+            "PRME_LOG__TRANSPORT": "kafka",
+            "PRME_LOG__PARTITIONS": "6",
+            "PRME_SCORING__FUSION": "rrf",
+            "PRME_SERVICE__API_KEYS": '{"k1": "alice"}',
+            "HOME": "/ignored",
+        }
+    )
+    assert settings.data_dir == "/data" and settings.log.transport == "kafka"
+    assert settings.log.partitions == 6 and settings.scoring.fusion == "rrf"
+    assert settings.service.api_keys == {"k1": "alice"}
+
+
+def test_unknown_or_invalid_settings_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match="fusion"):
+        Settings.from_env({"PRME_SCORING__FUSION": "magic"})
+    with pytest.raises(ConfigurationError):
+        Settings.from_env({"PRME_LOG__NO_SUCH_THING": "1"})
