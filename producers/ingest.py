@@ -98,7 +98,9 @@ async def ingest_lines(
             for task in done:
                 in_flight.discard(task)
                 task.result()
-        task = asyncio.ensure_future(producer.append_records(records))
+        # Lines are independent records: no transaction per batch (on Kafka that would
+        # serialise the batches in flight).
+        task = asyncio.ensure_future(producer.append_records(records, atomic=False))
         in_flight.add(task)
         written += len(records)
         if progress is not None:

@@ -275,12 +275,16 @@ class KafkaLogTransport:
         )
         return Position(metadata.partition, metadata.offset)
 
-    async def append_many(self, items: Sequence[LogItem]) -> list[Position]:
+    async def append_many(self, items: Sequence[LogItem], *, atomic: bool = True) -> list[Position]:
         """Append all items in one Kafka transaction: every item is committed or none is.
 
         Items whose ``dedupe_key`` was already appended through this transport are not
-        written again and get their first position.
+        written again and get their first position. With ``atomic=False`` the items go
+        through the idempotent producer concurrently instead (no transaction: faster, and
+        a failure may leave some of them written).
         """
+        if not atomic:
+            return await self._send_many(items)
         positions: list[Position | None] = [None] * len(items)
         batch_keys: dict[str, int] = {}
         to_write: list[int] = []
@@ -306,6 +310,21 @@ class KafkaLogTransport:
             if positions[index] is None and item.dedupe_key is not None:
                 positions[index] = positions[batch_keys[item.dedupe_key]]
         return [p for p in positions if p is not None]
+
+    async def _send_many(self, items: Sequence[LogItem]) -> list[Position]:
+        """Enqueue every item on the idempotent producer, then await them together; items
+        with a dedupe key take the one-by-one path that checks it."""
+        if any(item.dedupe_key is not None for item in items):
+            return list(await asyncio.gather(*(self.append(item) for item in items)))
+        producer = self._require(self._producer)
+        futures = [
+            await producer.send(
+                self._topic, item.value, key=item.key, partition=self.partition_for(item.key)
+            )
+            for item in items
+        ]
+        written = await _bounded(asyncio.gather(*futures), self._timeout_s, "append")
+        return [Position(m.partition, m.offset) for m in written]
 
     async def _send_transaction(self, items: Sequence[LogItem]) -> list[Position]:
         async with self._txn_lock:

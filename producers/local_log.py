@@ -120,7 +120,9 @@ class LocalLogTransport:
     async def append(self, item: LogItem) -> Position:
         return (await self.append_many([item]))[0]
 
-    async def append_many(self, items: Sequence[LogItem]) -> list[Position]:
+    async def append_many(self, items: Sequence[LogItem], *, atomic: bool = True) -> list[Position]:
+        """Append in one transaction; ``atomic=False`` is accepted for interface parity (a
+        local batch is always all-or-nothing)."""
         if not items:
             return []
         positions: list[Position] = await self._run(self._append_many, list(items))

@@ -138,15 +138,17 @@ class Producer:
     async def append_control(self, kind: ControlKind, owner: str, **fields: Any) -> AppendReceipt:
         return (await self.append_records([self.build_control(kind, owner, **fields)]))[0]
 
-    async def append_records(self, records: Sequence[Record]) -> list[AppendReceipt]:
-        """Append already-validated records atomically (all or none)."""
+    async def append_records(
+        self, records: Sequence[Record], *, atomic: bool = True
+    ) -> list[AppendReceipt]:
+        """Append already-validated records, atomically (all or none) unless told not to."""
         if len(records) > self._limits.max_batch_records:
             raise InvalidInput(
                 f"batch of {len(records)} records exceeds max_batch_records="
                 f"{self._limits.max_batch_records}"
             )
         items = [_log_item(record) for record in records]
-        positions = await self._transport.append_many(items)
+        positions = await self._transport.append_many(items, atomic=atomic)
         return [AppendReceipt(r.event_id, p) for r, p in zip(records, positions, strict=True)]
 
     def _check_content_size(self, message: Message) -> None:

@@ -57,8 +57,11 @@ class LogTransport(Protocol):
 
     async def append(self, item: LogItem) -> Position: ...
 
-    async def append_many(self, items: Sequence[LogItem]) -> list[Position]:
-        """Append all items atomically: either every item is on the log or none is."""
+    async def append_many(self, items: Sequence[LogItem], *, atomic: bool = True) -> list[Position]:
+        """Append all items atomically: either every item is on the log or none is.
+
+        ``atomic=False`` lets a transport trade the all-or-nothing guarantee for speed
+        (bulk ingest of independent records); order per owner is kept either way."""
         ...
 
     async def read(self, partition: int, offset: int, max_records: int = 500) -> list[LogEntry]:

@@ -87,6 +87,17 @@ class TransportContract:
             entries = await transport.read(position.partition, position.offset, 1)
             assert entries[0].value == item.value and entries[0].key == item.key
 
+    async def test_non_atomic_append_many_keeps_each_owners_order(
+        self, transport: LogTransport
+    ) -> None:
+        items = [_item(owner, f"{owner}{i}") for i in range(50) for owner in ("alice", "bob")]
+        positions = await transport.append_many(items, atomic=False)
+        assert len(positions) == len(items)
+        for owner in ("alice", "bob"):
+            partition = transport.partition_for(owner.encode())
+            values = [v for _, k, v in await _read_all(transport, partition) if k == owner.encode()]
+            assert values == [f"{owner}{i}".encode() for i in range(50)]
+
     async def test_read_respects_offset_and_max_records(self, transport: LogTransport) -> None:
         positions = [await transport.append(_item("alice", str(i))) for i in range(10)]
         partition = positions[0].partition

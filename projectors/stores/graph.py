@@ -152,15 +152,18 @@ class GraphModel(SqliteModel):
             cursor.execute("DELETE FROM nodes WHERE owner = ?", (record.owner,))
 
     def get_nodes(self, owner: str, node_ids: list[str]) -> dict[str, StoredNode]:
-        """The owner's memory nodes among ``node_ids`` (others' nodes are never returned)."""
+        """The owner's memory nodes among ``node_ids`` (others' nodes are never returned).
+
+        Looked up by primary key: the unary ``+`` keeps SQLite from choosing the owner
+        index, which would scan every node of the owner (10 ms at 40k nodes)."""
         nodes: dict[str, StoredNode] = {}
         for start in range(0, len(node_ids), 500):
             chunk = node_ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
             rows = self._query(
-                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE owner = ? AND kind = 'memory' "
-                f"AND node_id IN ({marks})",
-                [owner, *chunk],
+                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE node_id IN ({marks}) "
+                "AND +owner = ? AND +kind = 'memory'",
+                [*chunk, owner],
             )
             for row in rows:
                 nodes[row[0]] = _stored_node(row)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Final
@@ -54,6 +55,9 @@ DEFAULT_SETTINGS: Final = LexicalSettings()
 
 _DOCUMENT_FIELDS: Final = ("owner", "scope", "session_id", "state", "text", "context", "speaker")
 _SEARCH_FIELDS: Final = ["text", "context", "speaker"]
+_ID_HIGH: Final = "node_id_high"
+_ID_LOW: Final = "node_id_low"
+_NODE_PREFIX: Final = "mem:"
 _TERM = re.compile(r"[^\W_]+")
 _STATES: Final[dict[type, NodeState]] = {
     NodeArchived: "archived",
@@ -75,7 +79,48 @@ def _schema() -> tantivy.Schema:
     builder.add_text_field("context", stored=True, tokenizer_name="en_stem", index_option="freq")
     builder.add_text_field("speaker", stored=True, tokenizer_name="en_stem", index_option="freq")
     builder.add_integer_field("offset", stored=True, indexed=True)
+    # A memory node id (``mem:<uuid>``) as two signed 64-bit fast fields: a search reads a
+    # hit's id from these columns instead of decompressing its stored document.
+    builder.add_integer_field(_ID_HIGH, fast=True)
+    builder.add_integer_field(_ID_LOW, fast=True)
     return builder.build()
+
+
+def _id_columns(node_id: str) -> dict[str, int]:
+    """The fast-field values of ``node_id``; ``{}`` unless it is ``mem:`` and a canonical
+    UUID (any other id is read from the stored document)."""
+    if not node_id.startswith(_NODE_PREFIX):
+        return {}
+    text = node_id.removeprefix(_NODE_PREFIX)
+    try:
+        value = uuid.UUID(text)
+    except ValueError:
+        return {}
+    if str(value) != text:
+        return {}
+    high, low = divmod(value.int, 1 << 64)
+    return {_ID_HIGH: _signed(high), _ID_LOW: _signed(low)}
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _node_id_of(high: int | None, low: int | None) -> str | None:
+    if high is None or low is None:
+        return None
+    return _NODE_PREFIX + str(uuid.UUID(int=((high % (1 << 64)) << 64) | (low % (1 << 64))))
+
+
+def _open_index(schema: tantivy.Schema, index_dir: Path) -> tuple[tantivy.Index, bool]:
+    """The index in ``index_dir`` and whether it has the id fast fields (an index built
+    before they existed keeps its schema until ``prme rebuild --model lexical``)."""
+    try:
+        return tantivy.Index(schema, path=str(index_dir), reuse=True), True
+    except ValueError as error:
+        if "schema does not match" not in str(error):
+            raise
+    return tantivy.Index.open(str(index_dir)), False
 
 
 class LexicalModel:
@@ -87,8 +132,8 @@ class LexicalModel:
         self._settings = settings
         index_dir = path / "index"
         index_dir.mkdir(parents=True, exist_ok=True)
-        self._schema = _schema()
-        self._index = tantivy.Index(self._schema, path=str(index_dir), reuse=True)
+        self._index, self._fast_ids = _open_index(_schema(), index_dir)
+        self._schema = self._index.schema
         self._writer: tantivy.IndexWriter | None = self._index.writer(
             heap_size=WRITER_HEAP_BYTES, num_threads=1
         )
@@ -185,7 +230,9 @@ class LexicalModel:
         return changed, points, erased, fresh
 
     def _document(self, document: LexicalDocument) -> tantivy.Document:
+        ids = _id_columns(document.node_id) if self._fast_ids else {}
         return tantivy.Document(
+            **ids,
             node_id=document.node_id,
             owner=document.owner,
             scope=document.scope,
@@ -226,10 +273,19 @@ class LexicalModel:
             for f, v in filters
         )
         searcher = self._index.searcher()
-        result = searcher.search(Query.boolean_query(clauses), limit, count=False)
+        hits = searcher.search(Query.boolean_query(clauses), limit, count=False).hits
+        addresses = [address for _score, address in hits]
+        if self._fast_ids and addresses:
+            highs = searcher.fast_field_values(_ID_HIGH, addresses)
+            lows = searcher.fast_field_values(_ID_LOW, addresses)
+        else:
+            highs = lows = [None] * len(addresses)
         return [
-            LexicalHit(node_id=searcher.doc(address)["node_id"][0], score=float(score))
-            for score, address in result.hits
+            LexicalHit(
+                node_id=_node_id_of(high, low) or searcher.doc(address)["node_id"][0],
+                score=float(score),
+            )
+            for (score, address), high, low in zip(hits, highs, lows, strict=True)
         ]
 
     def documents(self) -> list[LexicalDocument]:
