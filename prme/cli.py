@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import signal
 import subprocess
 import sys
@@ -156,6 +158,10 @@ async def _project(settings: Settings) -> None:
 
 
 def _project_command(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s prme project[{os.getpid()}] %(message)s"
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     settings = _settings(args)
     if args.workers <= 1:
         asyncio.run(_project(settings))

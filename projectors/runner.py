@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from .model import MODEL_NAMES, ModelName
 from .shard import Shard, open_model, replace_model_directory, shard_directory
 
 GROUP = "prme-projectors"
+_log = logging.getLogger("prme.projector")
 
 
 class ProjectorRunner:
@@ -84,6 +86,7 @@ class ProjectorRunner:
         self._vector_cache.close()
 
     async def _on_assigned(self, partitions: set[int]) -> None:
+        _log.info("assigned partitions %s", sorted(partitions))
         for partition in sorted(partitions):
             if partition not in self.shards:
                 shard = Shard(
@@ -101,6 +104,7 @@ class ProjectorRunner:
             self._progress.notify_all()
 
     async def _on_revoked(self, partitions: set[int]) -> None:
+        _log.info("revoked partitions %s", sorted(partitions))
         async with self._apply_lock:
             for partition in partitions:
                 await self._close_shard(partition)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import uuid_utils
 
@@ -54,33 +55,9 @@ class Retriever:
         shard = await self._runner.shard_for(owner)
         analysis = analyse(query, self._settings.query)
         limit = max(self._settings.scoring.candidates, top_k)
-        channels: dict[str, Ranking] = {}
-        reports: list[ChannelReport] = []
-        query_vector, embed_query_used, vector_report = await self._vector(
-            shard, query, owner, scope, limit, include_archived, channels
+        channels, reports, query_vector, embed_query_used = await self._candidates(
+            shard, query, analysis, owner, scope, limit, include_archived
         )
-        reports.append(vector_report)
-        reports.append(
-            await self._channel(
-                shard,
-                "lexical",
-                channels,
-                lambda m: m.search(analysis.lexical_query, owner, scope, limit, include_archived),
-            )
-        )
-        if self._settings.scoring.graph:
-            reports.append(
-                await self._channel(
-                    shard,
-                    "graph",
-                    channels,
-                    lambda m: (
-                        m.search(owner, scope, analysis.entities, limit, include_archived)
-                        if analysis.entities
-                        else []
-                    ),
-                )
-            )
         fused = fuse(
             fusion, channels, k=self._settings.scoring.rrf_k, weights=self._settings.scoring.weights
         )
@@ -100,12 +77,10 @@ class Retriever:
             ranked,
             top_k,
             cosines,
+            nodes,
             query_vector,
             None if floor_skipped else min_score,
         )
-        missing_nodes = [node_id for node_id, _ in ranked if node_id not in nodes]
-        if missing_nodes:
-            nodes.update(await self._nodes(shard, owner, missing_nodes))
         results = [
             _result(nodes[node_id], score, cosines.get(node_id), floor_skipped)
             for node_id, score in ranked
@@ -159,25 +134,59 @@ class Retriever:
         )
         return RetrieveResponse(results=results, bundle=bundle, receipt=receipt)
 
-    async def _vector(
+    async def _candidates(
         self,
         shard: Shard,
         query: str,
+        analysis: QueryAnalysis,
         owner: str,
         scope: str | None,
         limit: int,
         include_archived: bool,
-        channels: dict[str, Ranking],
-    ) -> tuple[list[float] | None, bool, ChannelReport]:
+    ) -> tuple[dict[str, Ranking], list[ChannelReport], list[float] | None, bool]:
+        """Every channel's ranking, searched in one hop to the shard's thread (the query is
+        embedded first). Returns the rankings of the channels that ran, a report per
+        channel, the query vector (``None`` when the vector channel did not run) and whether
+        ``embed_query`` was used. A channel's ``ms`` is its time on the shard's thread, plus
+        the query embedding for the vector channel."""
+        calls: dict[str, Callable[[Any], Any]] = {}
+        embedded = await self._embed(shard, query)
+        vector = embedded.vector
+        if vector is not None:
+            calls["vector"] = lambda m: m.search(vector, owner, scope, limit, include_archived)
+        calls["lexical"] = lambda m: m.search(
+            analysis.lexical_query, owner, scope, limit, include_archived
+        )
+        if self._settings.scoring.graph:
+            entities = analysis.entities
+            calls["graph"] = lambda m: (
+                m.search(owner, scope, entities, limit, include_archived) if entities else []
+            )
+        outcomes = await shard.run(_search_all, shard.models, calls)
+        channels: dict[str, Ranking] = {}
+        reports = [embedded.report] if embedded.report is not None else []
+        for name, outcome in outcomes.items():
+            ms = outcome.ms + (embedded.ms if name == "vector" else 0.0)
+            if outcome.error is not None:
+                reports.append(ChannelReport(name=name, used=False, ms=ms, error=outcome.error))
+                if name == "vector":
+                    vector = None
+                continue
+            channels[name] = [(hit.node_id, hit.score) for hit in outcome.hits]
+            reports.append(ChannelReport(name=name, used=True, ms=ms, candidates=len(outcome.hits)))
+        return channels, reports, vector, embedded.query_encoder
+
+    async def _embed(self, shard: Shard, query: str) -> _Embedded:
         started = time.perf_counter()
         provider = self._runner.provider
         embed_query = getattr(provider, "embed_query", None)
         # A caching wrapper always has embed_query; it reports whether the wrapped one does.
         query_encoder = bool(getattr(provider, "has_query_encoder", embed_query is not None))
         if shard.vector_mismatch:
-            return (
+            return _Embedded(
                 None,
                 False,
+                0.0,
                 ChannelReport(
                     name="vector",
                     used=False,
@@ -191,14 +200,11 @@ class Retriever:
                 vector = list(await embed_query(query))
             else:
                 vector = list((await provider.embed([query]))[0])
-            model = shard.models["vector"]
-            hits = await shard.run(
-                lambda: model.search(vector, owner, scope, limit, include_archived)  # type: ignore[attr-defined]
-            )
         except Exception as error:
-            return (
+            return _Embedded(
                 None,
                 query_encoder,
+                _ms(started),
                 ChannelReport(
                     name="vector",
                     used=False,
@@ -206,26 +212,7 @@ class Retriever:
                     error=f"{type(error).__name__}: {error}",
                 ),
             )
-        channels["vector"] = [(hit.node_id, hit.score) for hit in hits]
-        return (
-            vector,
-            query_encoder,
-            ChannelReport(name="vector", used=True, ms=_ms(started), candidates=len(hits)),
-        )
-
-    async def _channel(
-        self, shard: Shard, name: str, channels: dict[str, Ranking], call: Any
-    ) -> ChannelReport:
-        started = time.perf_counter()
-        model = shard.models[name]  # type: ignore[index]
-        try:
-            hits = await shard.run(lambda: call(model))
-        except Exception as error:
-            return ChannelReport(
-                name=name, used=False, ms=_ms(started), error=f"{type(error).__name__}: {error}"
-            )
-        channels[name] = [(hit.node_id, hit.score) for hit in hits]
-        return ChannelReport(name=name, used=True, ms=_ms(started), candidates=len(hits))
+        return _Embedded(vector, query_encoder, _ms(started), None)
 
     async def _nodes(self, shard: Shard, owner: str, node_ids: list[str]) -> dict[str, Any]:
         model = shard.models["graph"]
@@ -267,19 +254,31 @@ class Retriever:
         ranked: Ranking,
         top_k: int,
         cosines: dict[str, float],
+        nodes: dict[str, Any],
         query_vector: list[float] | None,
         min_score: float | None,
     ) -> Ranking:
         """The first ``top_k`` candidates that pass the floor. Cosines for candidates the
-        vector channel did not return are fetched only as far down the ranking as needed
-        (in pages of ``2 * top_k``), and added to ``cosines``."""
+        vector channel did not return, and the nodes of the candidates, are read only as
+        far down the ranking as needed (in pages of ``2 * top_k``, one hop to the shard's
+        thread per page), and added to ``cosines`` and ``nodes``."""
         head: Ranking = []
         page = max(2 * top_k, 20)
+        graph = shard.models["graph"]
+        vector_model = shard.models.get("vector")
+        scores_for = getattr(vector_model, "scores_for", None) if query_vector is not None else None
         for start in range(0, len(ranked), page):
             chunk = ranked[start : start + page]
-            if query_vector is not None:
-                missing = [node_id for node_id, _ in chunk if node_id not in cosines]
-                cosines.update(await self._cosines(shard, query_vector, owner, missing))
+            unscored = [n for n, _ in chunk if n not in cosines] if scores_for else []
+            unread = [node_id for node_id, _ in chunk if node_id not in nodes]
+
+            def read(unscored: list[str] = unscored, unread: list[str] = unread) -> Any:
+                scored = scores_for(query_vector, owner, unscored) if unscored else {}  # type: ignore[misc]
+                return scored, graph.get_nodes(owner, unread) if unread else {}  # type: ignore[attr-defined]
+
+            scored, read_nodes = await shard.run(read)
+            cosines.update(scored)
+            nodes.update(read_nodes)
             for node_id, score in chunk:
                 if min_score is None or _passes(fusion, min_score, score, cosines.get(node_id)):
                     head.append((node_id, score))
@@ -287,14 +286,36 @@ class Retriever:
                         return head
         return head
 
-    async def _cosines(
-        self, shard: Shard, vector: list[float], owner: str, node_ids: list[str]
-    ) -> dict[str, float]:
-        model = shard.models["vector"]
-        scores_for = getattr(model, "scores_for", None)
-        if not node_ids or scores_for is None:
-            return {}
-        return await shard.run(lambda: scores_for(vector, owner, node_ids))
+
+class _Embedded(NamedTuple):
+    vector: list[float] | None
+    query_encoder: bool
+    ms: float
+    report: ChannelReport | None
+    """Why the vector channel cannot run (``None`` when ``vector`` is set)."""
+
+
+class _Outcome(NamedTuple):
+    hits: list[Any]
+    ms: float
+    error: str | None
+
+
+def _search_all(
+    models: Mapping[str, Any], calls: dict[str, Callable[[Any], Any]]
+) -> dict[str, _Outcome]:
+    """Run each channel's search on its model (on the shard's thread); a failing channel
+    reports its error and leaves the others running."""
+    outcomes: dict[str, _Outcome] = {}
+    for name, call in calls.items():
+        started = time.perf_counter()
+        try:
+            hits = call(models[name])
+        except Exception as error:
+            outcomes[name] = _Outcome([], _ms(started), f"{type(error).__name__}: {error}")
+            continue
+        outcomes[name] = _Outcome(hits, _ms(started), None)
+    return outcomes
 
 
 def time_factor(

@@ -135,3 +135,30 @@ async def test_another_provider_identity_reports_a_mismatch_until_rebuild(
         rebuilt = await engine.retrieve("green tea", "alice", min_score=0.1)
         assert next(c for c in rebuilt.receipt.channels if c.name == "vector").used
         assert not rebuilt.receipt.min_score_skipped
+
+
+async def test_queries_keep_answering_while_a_rebuild_runs(local_settings: Settings) -> None:
+    import asyncio
+
+    from prme.producers.producer import MessageDraft
+
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=CountingProvider()
+    ) as engine:
+        drafts = [
+            MessageDraft(owner="alice", content=f"filler note {i} about gardening")
+            for i in range(1500)
+        ]
+        for start in range(0, len(drafts), 500):
+            await engine.store_many(drafts[start : start + 500])
+        await engine.store("The Aurora launch is on Friday.", "alice")
+        rebuild = asyncio.create_task(engine.rebuild(["vector", "lexical", "graph"]))
+        answers: list[str] = []
+        while not rebuild.done():
+            response = await engine.retrieve("Aurora launch Friday", "alice", top_k=1)
+            answers.append(response.results[0].text)
+        await rebuild
+        assert len(answers) >= 3
+        assert set(answers) == {"The Aurora launch is on Friday."}
+        after = await engine.retrieve("Aurora launch Friday", "alice", top_k=1)
+        assert after.results[0].text == "The Aurora launch is on Friday."

@@ -106,8 +106,8 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _node_id_of(high: int | None, low: int | None) -> str | None:
-    if high is None or low is None:
+def _node_id_of(high: object, low: object) -> str | None:
+    if not isinstance(high, int) or not isinstance(low, int):
         return None
     return _NODE_PREFIX + str(uuid.UUID(int=((high % (1 << 64)) << 64) | (low % (1 << 64))))
 

@@ -1,0 +1,86 @@
+"""`prme project --workers 2` on Kafka: two processes split the partitions through the
+consumer group and together project the whole log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prme.producers.factory import open_transport
+from prme.producers.producer import MessageDraft, Producer
+from prme.schemas.config import Settings
+
+pytestmark = pytest.mark.kafka
+
+
+def projected_events(data_dir: Path) -> int:
+    total = 0
+    for path in data_dir.glob("shards/p*/events/events.sqlite3"):
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            total += connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        except sqlite3.OperationalError:
+            pass
+        finally:
+            connection.close()
+    return total
+
+
+async def test_two_workers_split_the_partitions_and_project_everything(
+    kafka_settings: Settings, kafka_topic: str
+) -> None:
+    transport = open_transport(kafka_settings)
+    await transport.start()
+    producer = Producer(transport)
+    owners = [f"user{i}" for i in range(40)]
+    for owner in owners:
+        await producer.append_message(MessageDraft(owner=owner, content=f"hello from {owner}"))
+    await transport.close()
+
+    data_dir = Path(kafka_settings.data_dir)
+    env = {
+        **os.environ,
+        "PRME_LOG__TOPIC": kafka_topic,
+        "PRME_LOG__DLQ_TOPIC": kafka_topic + ".dlq",
+        "PRME_LOG__PARTITIONS": "4",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "prme.cli",
+        "project",
+        "--workers",
+        "2",
+        "--transport",
+        "kafka",
+        "--bootstrap",
+        kafka_settings.log.bootstrap,
+        "--data-dir",
+        str(data_dir),
+    ]
+    workers = subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while projected_events(data_dir) < len(owners) and time.monotonic() < deadline:
+            assert workers.poll() is None, workers.stderr.read() if workers.stderr else ""
+            time.sleep(0.25)
+        assert projected_events(data_dir) == len(owners)
+    finally:
+        os.killpg(workers.pid, signal.SIGINT)
+        _, log = workers.communicate(timeout=60)
+    assert workers.returncode == 0, log[-3000:]
+    pids = {
+        line.split("[")[1].split("]")[0]
+        for line in log.splitlines()
+        if "assigned partitions" in line
+    }
+    assert len(pids) == 2, log[-3000:]
