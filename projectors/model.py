@@ -52,7 +52,10 @@ class ProjectedRecord(msgspec.Struct, frozen=True, kw_only=True):
 class ReadModel(Protocol):
     """One read model of one shard."""
 
-    name: ModelName
+    @property
+    def name(self) -> ModelName:
+        """Which read model this is."""
+        ...
 
     def applied_offset(self) -> int:
         """The last log offset applied (``-1`` when none)."""
