@@ -58,6 +58,7 @@ class ProjectorRunner:
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._stopping = False
+        self._assigned = asyncio.Event()
         self.dead_letter_count = 0
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -100,6 +101,7 @@ class ProjectorRunner:
                 self.shards[partition] = shard
             assert self._consumer is not None
             self._consumer.seek(partition, self.shards[partition].applied_offset() + 1)
+        self._assigned.set()
         async with self._progress:
             self._progress.notify_all()
 
@@ -171,7 +173,14 @@ class ProjectorRunner:
         return await embed_with_cache(self.provider, self._vector_cache, texts)
 
     async def catch_up(self, timeout_s: float = 60.0) -> None:
-        """Wait until every assigned shard has applied the log's current end."""
+        """Wait until every assigned shard has applied the log's current end.
+
+        On Kafka the first assignment can arrive after ``start`` returns: wait for it, or
+        a shard still opening would be skipped."""
+        try:
+            await asyncio.wait_for(self._assigned.wait(), timeout_s)
+        except TimeoutError as error:
+            raise ConsistencyTimeout(f"no partitions assigned within {timeout_s:.1f}s") from error
         ends = await self.transport.end_offsets()
         for partition in list(self.shards):
             if ends.get(partition, 0) > 0:
