@@ -120,6 +120,11 @@ class Shard:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, function, *args)
 
+    async def call(self, name: ModelName, function: Callable[[Any], T]) -> T:
+        """Run ``function(model)`` on the shard's thread, resolving model ``name`` there, so
+        a rebuild swapping models between two calls never hands out a closed one."""
+        return await self.run(lambda: function(self.models[name]))
+
     @property
     def vector_mismatch(self) -> bool:
         vector = self.models.get("vector")

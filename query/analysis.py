@@ -6,6 +6,11 @@
   is marked with its cue; retrieval then favours memories whose text states a time.
 - ``date_match``: the dates a question names ("in May 2023", "on 8 May 2023") are parsed
   into spans; retrieval then favours memories whose ``occurred_at`` falls in one.
+- ``speaker_match``: the owner's speakers the query names ("What did Caroline paint?")
+  are found; retrieval then favours memories those speakers said.
+- ``strip_speakers``: the vector channel embeds the query without those names: memories
+  are embedded as "<speaker>: <text>", so a name in the query pulls every memory of that
+  speaker alike; the speaker stage carries it instead.
 - entities: the graph channel gets the query's entities (same extractor as the projector).
 
 Each stage is switched by its :class:`QuerySettings` flag and reported in the receipt.
@@ -14,6 +19,7 @@ Each stage is switched by its :class:`QuerySettings` flag and reported in the re
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 import msgspec
 
@@ -222,6 +228,10 @@ class QueryAnalysis(msgspec.Struct, frozen=True, kw_only=True):
     query: str
     lexical_query: str
     """What the lexical channel searches."""
+    vector_query: str
+    """What the vector channel embeds."""
+    speakers: list[str] = []
+    """The owner's speakers the query names (``speaker_match`` on)."""
     entities: list[str]
     """What the graph channel starts from."""
     time_cue: str | None = None
@@ -232,20 +242,58 @@ class QueryAnalysis(msgspec.Struct, frozen=True, kw_only=True):
     """Each stage and whether it was on."""
 
 
-def analyse(query: str, settings: QuerySettings) -> QueryAnalysis:
+def analyse(query: str, settings: QuerySettings, speakers: Collection[str] = ()) -> QueryAnalysis:
+    """The analysis of ``query``; ``speakers`` are the owner's known speakers."""
     lexical_query = strip_stopwords(query) if settings.strip_stopwords else query
+    named = named_speakers(query, speakers)
+    vector_query = strip_names(query, named) if settings.strip_speakers else query
+    if not _TOKEN.search(vector_query):
+        vector_query = query
     return QueryAnalysis(
         query=query,
         lexical_query=lexical_query or query,
+        vector_query=vector_query,
         entities=extract_entities(query),
         time_cue=time_cue(query) if settings.temporal_cues else None,
         dates=date_mentions(query) if settings.date_match else [],
+        speakers=named if settings.speaker_match else [],
         stages={
             "strip_stopwords": settings.strip_stopwords,
             "temporal_cues": settings.temporal_cues,
             "date_match": settings.date_match,
+            "speaker_match": settings.speaker_match,
+            "strip_speakers": settings.strip_speakers,
         },
     )
+
+
+def named_speakers(query: str, speakers: Collection[str]) -> list[str]:
+    """The ``speakers`` that ``query`` names as whole words (any case), first named first."""
+    found = []
+    for speaker in {s.strip() for s in speakers if s.strip()}:
+        match = _name_pattern([speaker]).search(query)
+        if match is not None:
+            found.append((match.start(), speaker))
+    return [speaker for _, speaker in sorted(found)]
+
+
+def strip_names(query: str, names: Collection[str]) -> str:
+    """``query`` without ``names`` (and their possessive ``'s``), spaces collapsed."""
+    if not names:
+        return query
+    return " ".join(_name_pattern(names).sub(" ", query).split())
+
+
+def speaker_factor(analysis: QueryAnalysis, speaker: str | None, settings: QuerySettings) -> float:
+    """``1 + speaker_boost`` when the query names the memory's speaker, else 1."""
+    if speaker and any(speaker.casefold() == s.casefold() for s in analysis.speakers):
+        return 1.0 + settings.speaker_boost
+    return 1.0
+
+
+def _name_pattern(names: Collection[str]) -> re.Pattern[str]:
+    alternatives = "|".join(re.escape(n.strip()) for n in sorted(names, key=len, reverse=True))
+    return re.compile(rf"(?<!\w)(?:{alternatives})(?:['’]s)?(?!\w)", re.IGNORECASE)
 
 
 def strip_stopwords(query: str) -> str:

@@ -320,14 +320,14 @@ class MemoryEngine:
         if after is not None:
             await self.wait_for([after])
         shard = await self.runner.shard_for(user_id)
-        model = shard.models["history"]
-        return await shard.run(lambda: model.messages(user_id, session_id, scope, limit=limit))  # type: ignore[attr-defined]
+        return await shard.call(
+            "history", lambda history: history.messages(user_id, session_id, scope, limit=limit)
+        )
 
     async def get_event(self, event_id: str, user_id: str) -> EventView:
         """The original record of an event of ``user_id`` (control events included)."""
         for partition, shard in await self._shards_owner_first(user_id):
-            model = shard.models["events"]
-            row = await shard.run(lambda m=model: m.get(event_id))  # type: ignore[attr-defined]
+            row = await shard.call("events", lambda events: events.get(event_id))
             if row is None:
                 continue
             if row.owner != user_id:
@@ -351,8 +351,7 @@ class MemoryEngine:
 
     async def get_nodes(self, node_ids: Sequence[str], user_id: str) -> dict[str, Any]:
         shard = await self.runner.shard_for(user_id)
-        model = shard.models["graph"]
-        return await shard.run(lambda: model.get_nodes(user_id, list(node_ids)))  # type: ignore[attr-defined]
+        return await shard.call("graph", lambda graph: graph.get_nodes(user_id, list(node_ids)))
 
     async def rebuild(self, models: Sequence[ModelName] = MODEL_NAMES) -> dict[int, int]:
         """Blue/green rebuild of ``models`` from the log; see ProjectorRunner.rebuild."""
@@ -372,8 +371,7 @@ class MemoryEngine:
             raise NotFound(f"no memory node {node_id!r}")
         await self.get_event(node_id.removeprefix("mem:"), user_id)
         shard = await self.runner.shard_for(user_id)
-        model = shard.models["graph"]
-        state = await shard.run(lambda: model.node_state(user_id, node_id))  # type: ignore[attr-defined]
+        state = await shard.call("graph", lambda graph: graph.node_state(user_id, node_id))
         if state is None:
             raise NotFound(f"no node {node_id} for owner {user_id}")
 

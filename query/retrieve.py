@@ -13,7 +13,7 @@ from prme.projectors.runner import ProjectorRunner
 from prme.projectors.shard import Shard
 from prme.schemas.config import QuerySettings, Settings
 
-from .analysis import QueryAnalysis, analyse
+from .analysis import QueryAnalysis, analyse, speaker_factor
 from .bundle import pack
 from .fusion import FusionName, fuse
 from .temporal import has_time_expression
@@ -53,7 +53,7 @@ class Retriever:
         started = time.perf_counter()
         fusion = fusion or self._settings.scoring.fusion
         shard = await self._runner.shard_for(owner)
-        analysis = analyse(query, self._settings.query)
+        analysis = analyse(query, self._settings.query, await self._speakers(shard, owner))
         limit = max(self._settings.scoring.candidates, top_k)
         channels, reports, query_vector, embed_query_used = await self._candidates(
             shard, query, analysis, owner, scope, limit, include_archived
@@ -64,7 +64,7 @@ class Retriever:
         ranked = sorted(fused.items(), key=lambda item: (-item[1], item[0]))
         nodes: dict[str, Any] = {}
         boosts: dict[str, float] = {}
-        if analysis.time_cue or analysis.dates:
+        if analysis.time_cue or analysis.dates or analysis.speakers:
             ranked, nodes, boosts = await self._time_boost(
                 shard, owner, analysis, ranked, self._settings.query.time_depth
             )
@@ -150,7 +150,7 @@ class Retriever:
         ``embed_query`` was used. A channel's ``ms`` is its time on the shard's thread, plus
         the query embedding for the vector channel."""
         calls: dict[str, Callable[[Any], Any]] = {}
-        embedded = await self._embed(shard, query)
+        embedded = await self._embed(shard, analysis.vector_query)
         vector = embedded.vector
         if vector is not None:
             calls["vector"] = lambda m: m.search(vector, owner, scope, limit, include_archived)
@@ -215,8 +215,17 @@ class Retriever:
         return _Embedded(vector, query_encoder, _ms(started), None)
 
     async def _nodes(self, shard: Shard, owner: str, node_ids: list[str]) -> dict[str, Any]:
-        model = shard.models["graph"]
-        return await shard.run(lambda: model.get_nodes(owner, node_ids))  # type: ignore[attr-defined]
+        return await shard.call("graph", lambda graph: graph.get_nodes(owner, node_ids))
+
+    async def _speakers(self, shard: Shard, owner: str) -> list[str]:
+        """The owner's speakers, when a query stage uses them and the lexical model is held."""
+        query = self._settings.query
+        if not (query.speaker_match or query.strip_speakers) or "lexical" not in shard.models:
+            return []
+        try:
+            return await shard.call("lexical", lambda lexical: lexical.speakers(owner))
+        except Exception:  # the lexical channel reports its own failure; the stage just idles
+            return []
 
     async def _time_boost(
         self,
@@ -238,6 +247,7 @@ class Retriever:
             if node is None:
                 continue
             factor = time_factor(analysis, node.text, node.occurred_at, settings)
+            factor *= speaker_factor(analysis, node.speaker, settings)
             if factor != 1.0:
                 boosts[node_id] = factor
         if not boosts:
@@ -264,16 +274,20 @@ class Retriever:
         thread per page), and added to ``cosines`` and ``nodes``."""
         head: Ranking = []
         page = max(2 * top_k, 20)
-        graph = shard.models["graph"]
-        vector_model = shard.models.get("vector")
-        scores_for = getattr(vector_model, "scores_for", None) if query_vector is not None else None
+        scoring = query_vector is not None and "vector" in shard.models
         for start in range(0, len(ranked), page):
             chunk = ranked[start : start + page]
-            unscored = [n for n, _ in chunk if n not in cosines] if scores_for else []
+            unscored = [n for n, _ in chunk if n not in cosines] if scoring else []
             unread = [node_id for node_id, _ in chunk if node_id not in nodes]
 
             def read(unscored: list[str] = unscored, unread: list[str] = unread) -> Any:
-                scored = scores_for(query_vector, owner, unscored) if unscored else {}  # type: ignore[misc]
+                # Models are looked up here, on the shard's thread: a rebuild may have
+                # swapped them since the previous hop.
+                vector, graph = shard.models.get("vector"), shard.models["graph"]
+                scores_for = getattr(vector, "scores_for", None)
+                scored = (
+                    scores_for(query_vector, owner, unscored) if unscored and scores_for else {}
+                )
                 return scored, graph.get_nodes(owner, unread) if unread else {}  # type: ignore[attr-defined]
 
             scored, read_nodes = await shard.run(read)
@@ -367,13 +381,15 @@ def _analysis_report(
 ) -> dict[str, Any]:
     return {
         "lexical_query": analysis.lexical_query,
+        "vector_query": analysis.vector_query,
+        "speakers": analysis.speakers,
         "entities": analysis.entities,
         "time_cue": analysis.time_cue,
         "dates": [
             {"text": s.text, "start": s.start.isoformat(), "end": s.end.isoformat()}
             for s in analysis.dates
         ],
-        "time_boosts": boosts,
+        "boosts": boosts,
         "stages": analysis.stages,
         "tokenizer": counter.name,
     }

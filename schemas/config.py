@@ -64,9 +64,15 @@ class QuerySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``date_match``: a memory that occurred in a named span scores ``1 + date_boost`` times
     more."""
     date_slack_days: int = 7
-    time_depth: int = 100
-    """How many of the fused candidates (best first) the time stages rescore."""
     """A memory recorded up to this long after a named span still matches ("yesterday")."""
+    time_depth: int = 100
+    """How many of the fused candidates (best first) the time and speaker stages rescore."""
+    speaker_match: bool = True
+    speaker_boost: float = 0.25
+    """``speaker_match``: a memory said by a speaker the query names scores
+    ``1 + speaker_boost`` times more."""
+    strip_speakers: bool = True
+    """The vector channel embeds the query without the speakers it names."""
     consistency_timeout_s: float = 10.0
 
 

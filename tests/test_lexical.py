@@ -294,6 +294,27 @@ def test_speaker_is_a_boosted_field_of_its_own(model: LexicalModel) -> None:
     assert docs_by_id(model)[caroline].text == "I adopted a puppy"
 
 
+def test_speakers_are_the_owners_names_or_roles_and_follow_later_batches(
+    model: LexicalModel,
+) -> None:
+    log = Log()
+    log.message("alice", "hi", speaker="Caroline")
+    melanie = log.message("alice", "hello", speaker="Melanie")
+    log.message("alice", "how can I help?", role="assistant")
+    log.message("bob", "hey", speaker="Zed")
+    model.apply(log.records)
+    assert model.speakers("alice") == ["Caroline", "Melanie", "assistant"]
+    assert model.speakers("nobody") == []
+
+    log.delete("alice", melanie)
+    log.message("alice", "me too", speaker="Ava")
+    model.apply(log.records[-2:])
+    assert model.speakers("alice") == ["Ava", "Caroline", "assistant"]
+    log.add(OwnerErased, "alice")
+    model.apply(log.records[-1:])
+    assert (model.speakers("alice"), model.speakers("bob")) == ([], ["Zed"])
+
+
 def test_archived_and_superseded_nodes_leave_retrieval_until_restored(
     model: LexicalModel,
 ) -> None:

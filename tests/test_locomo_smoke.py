@@ -81,12 +81,15 @@ async def test_time_question_boosts_memories_that_state_a_time(
         response = await engine.retrieve("When did Ben run a marathon?", owner, top_k=5)
         analysis = response.receipt.analysis
         assert analysis["time_cue"] == "when"
-        assert ids[owner]["D2:1"] in analysis["time_boosts"]
+        assert ids[owner]["D2:1"] in analysis["boosts"]
         assert response.results[0].node_id == ids[owner]["D2:1"]
 
         dated = await engine.retrieve("Where did Ava move in June 2023?", owner, top_k=5)
         assert [d["text"] for d in dated.receipt.analysis["dates"]] == ["June 2023"]
-        assert dated.receipt.analysis["time_boosts"][ids[owner]["D3:1"]] == 2.0
+        assert dated.receipt.analysis["speakers"] == ["Ava"]
+        # date match (x2) times the boost for a memory said by the speaker the query names
+        speaker = 1 + engine.settings.query.speaker_boost
+        assert dated.receipt.analysis["boosts"][ids[owner]["D3:1"]] == pytest.approx(2.0 * speaker)
 
         floored = await engine.retrieve("Ava cat name", owner, top_k=10, min_score=0.3)
         assert floored.receipt.fusion == "zscore"

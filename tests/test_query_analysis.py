@@ -6,13 +6,25 @@ from datetime import UTC, datetime
 
 import pytest
 
-from prme.query.analysis import analyse, strip_stopwords
+from prme.query.analysis import (
+    analyse,
+    named_speakers,
+    speaker_factor,
+    strip_names,
+    strip_stopwords,
+)
 from prme.query.retrieve import time_factor
 from prme.query.temporal import date_mentions, has_time_expression, time_cue
 from prme.schemas.config import QuerySettings
 
 ON = QuerySettings()
-OFF = QuerySettings(strip_stopwords=False, temporal_cues=False, date_match=False)
+OFF = QuerySettings(
+    strip_stopwords=False,
+    temporal_cues=False,
+    date_match=False,
+    speaker_match=False,
+    strip_speakers=False,
+)
 
 
 def test_strip_stopwords_keeps_content_words_only() -> None:
@@ -77,7 +89,13 @@ def test_has_time_expression(text: str, expected: bool) -> None:
 def test_stages_are_reported_and_switchable() -> None:
     query = "When did Caroline go to the support group in May 2023?"
     on = analyse(query, ON)
-    assert on.stages == {"strip_stopwords": True, "temporal_cues": True, "date_match": True}
+    assert on.stages == {
+        "strip_stopwords": True,
+        "temporal_cues": True,
+        "date_match": True,
+        "speaker_match": True,
+        "strip_speakers": True,
+    }
     assert on.lexical_query == "Caroline go support group May 2023"
     assert on.time_cue == "when"
     assert [span.text for span in on.dates] == ["May 2023"]
@@ -100,3 +118,37 @@ def test_time_factor_multiplies_cue_and_date_boosts() -> None:
 def test_time_factor_is_one_when_stages_are_off() -> None:
     analysis = analyse("When did she move in May 2023?", OFF)
     assert time_factor(analysis, "last week", datetime(2023, 5, 2, tzinfo=UTC), ON) == 1.0
+
+
+def test_named_speakers_are_whole_words_in_any_case_first_named_first() -> None:
+    speakers = ["Melanie", "Caroline", "Mel", "Al", " "]
+    assert named_speakers("Did melanie call Caroline's mom?", speakers) == ["Melanie", "Caroline"]
+    assert named_speakers("What did Mel say?", speakers) == ["Mel"]
+    assert named_speakers("What did Alice buy?", speakers) == []
+
+
+def test_strip_names_removes_names_and_their_possessive() -> None:
+    query = "What did Caroline’s friend tell Melanie?"
+    assert strip_names(query, ["Caroline", "Melanie"]) == "What did friend tell ?"
+    assert strip_names(query, []) == query
+
+
+def test_speaker_stages_give_the_vector_query_and_the_speakers() -> None:
+    speakers = ["Caroline", "Melanie"]
+    on = analyse("What did Caroline paint?", ON, speakers)
+    assert (on.vector_query, on.speakers) == ("What did paint?", ["Caroline"])
+    assert on.lexical_query == "Caroline paint"
+    off = analyse("What did Caroline paint?", OFF, speakers)
+    assert (off.vector_query, off.speakers) == ("What did Caroline paint?", [])
+    assert analyse("Caroline?", ON, speakers).vector_query == "Caroline?"
+    assert analyse("What did Caroline paint?", ON).speakers == []
+
+
+def test_speaker_factor_boosts_only_the_named_speakers_memories() -> None:
+    settings = QuerySettings(speaker_boost=0.5)
+    analysis = analyse("What did Caroline paint?", settings, ["Caroline", "Melanie"])
+    assert speaker_factor(analysis, "caroline", settings) == 1.5
+    assert speaker_factor(analysis, "Melanie", settings) == 1.0
+    assert speaker_factor(analysis, None, settings) == 1.0
+    unnamed = analyse("What did Caroline paint?", OFF, ["Caroline"])
+    assert speaker_factor(unnamed, "Caroline", settings) == 1.0

@@ -116,11 +116,16 @@ def _open_index(schema: tantivy.Schema, index_dir: Path) -> tuple[tantivy.Index,
     """The index in ``index_dir`` and whether it has the id fast fields (an index built
     before they existed keeps its schema until ``prme rebuild --model lexical``)."""
     try:
-        return tantivy.Index(schema, path=str(index_dir), reuse=True), True
+        index = tantivy.Index(schema, path=str(index_dir), reuse=True)
     except ValueError as error:
         if "schema does not match" not in str(error):
             raise
-    return tantivy.Index.open(str(index_dir)), False
+        index = tantivy.Index.open(str(index_dir))
+    try:
+        index.searcher().fast_field_values(_ID_HIGH, [])
+    except ValueError:
+        return index, False
+    return index, True
 
 
 class LexicalModel:
@@ -148,6 +153,7 @@ class LexicalModel:
             "speaker": settings.speaker_boost,
         }
         self._offset = self._stored_offset()
+        self._speakers: dict[str, list[str]] = {}
 
     def _stored_offset(self) -> int:
         searcher = self._index.searcher()
@@ -191,6 +197,7 @@ class LexicalModel:
             raise
         self._index.reload()
         self._offset = last
+        self._speakers.clear()
 
     def _update_windows(
         self, records: list[ProjectedRecord]
@@ -287,6 +294,14 @@ class LexicalModel:
             )
             for (score, address), high, low in zip(hits, highs, lows, strict=True)
         ]
+
+    def speakers(self, owner: str) -> list[str]:
+        """The owner's speakers (a message without a name counts its role), sorted; read
+        from the sidecar once per owner between batches."""
+        known = self._speakers.get(owner)
+        if known is None:
+            known = self._speakers[owner] = self._windows.speakers(owner)
+        return list(known)
 
     def documents(self) -> list[LexicalDocument]:
         """Every indexed document, sorted by node id (for digests and inspection)."""

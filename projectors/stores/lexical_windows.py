@@ -148,6 +148,15 @@ class WindowStore:
         self._db.execute("DELETE FROM messages WHERE owner = ?", (owner,))
         self._db.execute("DELETE FROM boundaries WHERE owner = ?", (owner,))
 
+    def speakers(self, owner: str) -> list[str]:
+        """The distinct speakers (or roles) of the owner's messages that are not deleted."""
+        rows = self._db.execute(
+            "SELECT DISTINCT speaker FROM messages WHERE owner = ? AND removed = 0"
+            " AND speaker != '' ORDER BY speaker",
+            (owner,),
+        ).fetchall()
+        return [row[0] for row in rows]
+
     def affected(self, points: list[SequencePoint]) -> set[str]:
         """Live messages whose window may include a change at one of ``points``.
 

@@ -1,0 +1,76 @@
+"""Retrieve searches every channel in one hop to the shard's thread: a failing channel is
+reported and the others still answer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from prme.query.engine import MemoryEngine
+from prme.schemas.config import Settings
+
+
+class FailingSearch:
+    """A read model whose search fails (what a corrupt or closed index does)."""
+
+    def search(self, *args: Any, **kwargs: Any) -> list[Any]:
+        raise RuntimeError("index unavailable")
+
+
+@pytest.fixture
+async def engine(local_settings: Settings, hashed_provider: Any) -> AsyncIterator[MemoryEngine]:
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    yield engine
+    await engine.close()
+
+
+async def test_every_channel_reports_its_own_time_and_candidates(engine: MemoryEngine) -> None:
+    await engine.store("Aurora needs approval before deployment.", "alice")
+    await engine.store("Lunch is at noon on Fridays.", "alice", session_id="other")
+    response = await engine.retrieve("Aurora deployment approval", "alice")
+    reports = {c.name: c for c in response.receipt.channels}
+    assert [c.name for c in response.receipt.channels][:2] == ["vector", "lexical"]
+    assert reports["vector"].used and reports["vector"].candidates == 2
+    assert reports["lexical"].used and reports["lexical"].candidates == 1
+    assert all(c.ms >= 0 for c in reports.values())
+    assert response.results[0].text == "Aurora needs approval before deployment."
+
+
+async def test_a_failing_lexical_channel_leaves_the_vector_channel_answering(
+    engine: MemoryEngine,
+) -> None:
+    stored = await engine.store("Aurora needs approval before deployment.", "alice")
+    shard = await engine.runner.shard_for("alice")
+    lexical = shard.models["lexical"]
+    shard.models["lexical"] = FailingSearch()  # type: ignore[assignment]
+    try:
+        response = await engine.retrieve("Aurora deployment approval", "alice", min_score=0.0)
+    finally:
+        shard.models["lexical"] = lexical
+    reports = {c.name: c for c in response.receipt.channels}
+    assert not reports["lexical"].used
+    assert reports["lexical"].error == "RuntimeError: index unavailable"
+    assert reports["vector"].used
+    assert [r.node_id for r in response.results] == stored.node_ids
+    assert response.results[0].semantic_relevance is not None
+
+
+async def test_a_failing_vector_channel_skips_the_floor_and_keeps_lexical_results(
+    engine: MemoryEngine,
+) -> None:
+    stored = await engine.store("Aurora needs approval before deployment.", "alice")
+    shard = await engine.runner.shard_for("alice")
+    vector = shard.models["vector"]
+    shard.models["vector"] = FailingSearch()  # type: ignore[assignment]
+    try:
+        response = await engine.retrieve("Aurora deployment approval", "alice", min_score=0.99)
+    finally:
+        shard.models["vector"] = vector
+    reports = {c.name: c for c in response.receipt.channels}
+    assert not reports["vector"].used
+    assert reports["vector"].error == "RuntimeError: index unavailable"
+    assert response.receipt.min_score_skipped
+    assert [r.node_id for r in response.results] == stored.node_ids
+    assert response.results[0].metadata == {"min_score_skipped": True}
