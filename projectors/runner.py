@@ -146,6 +146,13 @@ class ProjectorRunner:
                 dead = await shard.apply(entries, self._encode)
                 for letter in dead:
                     self.dead_letter_count += 1
+                    _log.warning(
+                        "dead letter p%d@%d (%s): %s",
+                        letter.partition,
+                        letter.offset,
+                        letter.model or "decode",
+                        letter.error,
+                    )
                     if self._dead_letters is not None:
                         await send_dead_letter(self._dead_letters, letter)
         async with self._progress:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from prme.producers.transport import LogEntry
 from prme.schemas.codec import decode_record
 from prme.schemas.config import Settings
-from prme.schemas.errors import RecordDecodeError
+from prme.schemas.errors import InvalidEmbedding, InvalidInput, RecordDecodeError
 from prme.schemas.records import Message
 
 from .dead_letters import DeadLetter
@@ -29,6 +29,11 @@ from .stores.history import HistoryModel
 from .stores.lexical import LexicalModel
 
 T = TypeVar("T")
+
+RECORD_FAULTS = (InvalidInput, InvalidEmbedding, RecordDecodeError)
+"""Errors a record itself causes: it goes to the dead letters and projection goes on. Any
+other error (a locked file, a full disk) stops the projector instead, so it resumes from
+the stored offsets rather than silently dropping records from one read model."""
 
 VectorEncoder = Callable[[list[str]], Any]
 """``async (texts) -> vectors``: the runner's cached embedding step."""
@@ -201,7 +206,7 @@ class Shard:
                 continue
             try:
                 model.apply(todo)
-            except Exception:
+            except RECORD_FAULTS:
                 dead.extend(self._apply_one_by_one(name, model, todo))
         return dead
 
@@ -214,7 +219,7 @@ class Shard:
         for item in todo:
             try:
                 model.apply([item])
-            except Exception as error:
+            except RECORD_FAULTS as error:
                 dead.append(
                     DeadLetter(
                         self.partition,

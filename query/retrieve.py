@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -144,25 +145,35 @@ class Retriever:
         limit: int,
         include_archived: bool,
     ) -> tuple[dict[str, Ranking], list[ChannelReport], list[float] | None, bool]:
-        """Every channel's ranking, searched in one hop to the shard's thread (the query is
-        embedded first). Returns the rankings of the channels that ran, a report per
+        """Every channel's ranking. The query is embedded while the lexical (and graph)
+        channels search on the shard's thread; the vector channel searches once the
+        embedding is there. Returns the rankings of the channels that ran, a report per
         channel, the query vector (``None`` when the vector channel did not run) and whether
         ``embed_query`` was used. A channel's ``ms`` is its time on the shard's thread, plus
         the query embedding for the vector channel."""
-        calls: dict[str, Callable[[Any], Any]] = {}
-        embedded = await self._embed(shard, analysis.vector_query)
-        vector = embedded.vector
-        if vector is not None:
-            calls["vector"] = lambda m: m.search(vector, owner, scope, limit, include_archived)
-        calls["lexical"] = lambda m: m.search(
-            analysis.lexical_query, owner, scope, limit, include_archived
-        )
+        embedding = asyncio.create_task(self._embed(shard, analysis.vector_query))
+        calls: dict[str, Callable[[Any], Any]] = {
+            "lexical": lambda m: m.search(
+                analysis.lexical_query, owner, scope, limit, include_archived
+            )
+        }
         if self._settings.scoring.graph:
             entities = analysis.entities
             calls["graph"] = lambda m: (
                 m.search(owner, scope, entities, limit, include_archived) if entities else []
             )
-        outcomes = await shard.run(_search_all, shard.models, calls)
+        try:
+            outcomes = await shard.run(_search_all, shard.models, calls)
+        finally:
+            embedded = await embedding
+        vector = embedded.vector
+        if vector is not None:
+            searched = await shard.run(
+                _search_all,
+                shard.models,
+                {"vector": lambda m: m.search(vector, owner, scope, limit, include_archived)},
+            )
+            outcomes = {**searched, **outcomes}
         channels: dict[str, Ranking] = {}
         reports = [embedded.report] if embedded.report is not None else []
         for name, outcome in outcomes.items():

@@ -110,25 +110,26 @@ WORDS = [
 ]
 
 
+def child_log(settings: Settings) -> Path:
+    return Path(settings.data_dir).with_suffix(".log")
+
+
 def run_child(settings: Settings, group: str) -> subprocess.Popen[str]:
     env = {
         **os.environ,
         "PRME_TEST_SETTINGS": msgspec.json.encode(settings).decode(),
         "PRME_TEST_GROUP": group,
     }
-    return subprocess.Popen(
-        [sys.executable, str(CHILD)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with child_log(settings).open("a") as log:
+        return subprocess.Popen(
+            [sys.executable, str(CHILD)], env=env, stdout=subprocess.PIPE, stderr=log, text=True
+        )
 
 
 def project_to_end(settings: Settings, group: str) -> None:
     child = run_child(settings, group)
-    out, err = child.communicate(timeout=600)
-    assert child.returncode == 0 and "caught-up" in out, err[-3000:]
+    out, _ = child.communicate(timeout=600)
+    assert child.returncode == 0 and "caught-up" in out, child_log(settings).read_text()[-3000:]
 
 
 def project_with_kills(settings: Settings, group: str, seed: int = 11) -> int:
@@ -139,8 +140,8 @@ def project_with_kills(settings: Settings, group: str, seed: int = 11) -> int:
         assert child.stdout is not None
         started = child.stdout.readline()
         if started.strip() != "started":
-            _, err = child.communicate(timeout=60)
-            pytest.fail(f"projector did not start: {err[-3000:]}")
+            child.communicate(timeout=60)
+            pytest.fail(f"projector did not start: {child_log(settings).read_text()[-3000:]}")
         deadline = time.monotonic() + rng.uniform(0.02, 0.3)
         while time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.01)
@@ -181,8 +182,11 @@ async def check_convergence(base: Settings, tmp_path: Path, log_file: bool) -> N
     await asyncio.to_thread(project_to_end, clean, "clean")
     kills = await asyncio.to_thread(project_with_kills, killed, "killed")
     assert kills >= KILLS
+    for run in (clean, killed):
+        log = child_log(run).read_text() if child_log(run).exists() else ""
+        assert "dead letter" not in log, log[-3000:]
     expected = await digests(clean)
-    assert expected and await digests(killed) == expected
+    assert expected and await digests(killed) == expected, child_log(killed).read_text()[-3000:]
 
 
 async def test_local_projection_converges_after_repeated_sigkills(
