@@ -178,12 +178,21 @@ def _project_command(args: argparse.Namespace) -> int:
         if getattr(args, option, None):
             command += [f"--{option.replace('_', '-')}", getattr(args, option)]
     workers = [subprocess.Popen(command) for _ in range(args.workers)]
-    try:
-        return max(worker.wait() for worker in workers)
-    except KeyboardInterrupt:
-        for worker in workers:
-            worker.send_signal(signal.SIGINT)
-        return max(worker.wait() for worker in workers)
+    forwarded = False
+
+    def forward(signum: int, frame: object) -> None:
+        # Ctrl-C reaches the workers through the process group as well; one SIGTERM each
+        # covers a signal sent to this process alone. Workers stop on the first signal.
+        nonlocal forwarded
+        if not forwarded:
+            forwarded = True
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    return max(worker.wait() for worker in workers)
 
 
 async def _rebuild(args: argparse.Namespace) -> int:

@@ -87,6 +87,8 @@ class ProjectorRunner:
         self._vector_cache.close()
 
     async def _on_assigned(self, partitions: set[int]) -> None:
+        if self._stopping:  # a rebalance can complete while the consumer is closing
+            return
         _log.info("assigned partitions %s", sorted(partitions))
         for partition in sorted(partitions):
             if partition not in self.shards:
