@@ -10,21 +10,20 @@ have gaps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
 
 from prme.schemas.errors import ConfigurationError, TransportError
 
+from .kafka_common import bounded, entry_of, stop_quietly
+from .kafka_consumer import KafkaLogConsumer
 from .partitioner import partition_for_key
-from .transport import LogConsumer, LogEntry, LogItem, PartitionsCallback, Position
+from .transport import LogEntry, LogItem, Position
 
 T = TypeVar("T")
 
@@ -32,32 +31,6 @@ DEFAULT_TOPIC = "prme.events"
 DEDUPE_CAPACITY = 100_000
 _TOPIC_EXISTS = 36
 _RETENTION_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
-
-
-async def _bounded(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
-    """Await with a deadline; Kafka errors and timeouts become :class:`TransportError`."""
-    try:
-        return await asyncio.wait_for(awaitable, timeout_s)
-    except TimeoutError as error:
-        raise TransportError(f"kafka: {what} timed out after {timeout_s:g}s") from error
-    except KafkaError as error:
-        raise TransportError(f"kafka: {what} failed: {error!r}") from error
-
-
-async def _stop_quietly(stop: Awaitable[Any], timeout_s: float) -> None:
-    # Closing is best effort: the broker expires sessions and members on its own.
-    with contextlib.suppress(TimeoutError, KafkaError):
-        await asyncio.wait_for(stop, timeout_s)
-
-
-def _entry(record: ConsumerRecord[bytes, bytes]) -> LogEntry:
-    return LogEntry(
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key or b"",
-        value=record.value or b"",
-        timestamp_ms=record.timestamp,
-    )
 
 
 class _DedupeCache:
@@ -146,7 +119,7 @@ class KafkaLogTransport:
                 client_id=f"{self._client_id}-admin",
                 request_timeout_ms=self._timeout_ms,
             )
-            await _bounded(self._admin.start(), self._timeout_s, "admin connect")
+            await bounded(self._admin.start(), self._timeout_s, "admin connect")
             await self.ensure_topic(self._topic, self._partitions)
             producer = AIOKafkaProducer(
                 bootstrap_servers=self._bootstrap,
@@ -155,7 +128,7 @@ class KafkaLogTransport:
                 acks="all",
                 request_timeout_ms=self._timeout_ms,
             )
-            await _bounded(producer.start(), self._timeout_s, "producer start")
+            await bounded(producer.start(), self._timeout_s, "producer start")
             self._producer = producer
             reader = AIOKafkaConsumer(
                 bootstrap_servers=self._bootstrap,
@@ -166,7 +139,7 @@ class KafkaLogTransport:
                 isolation_level="read_committed",
                 request_timeout_ms=self._timeout_ms,
             )
-            await _bounded(reader.start(), self._timeout_s, "reader start")
+            await bounded(reader.start(), self._timeout_s, "reader start")
             self._reader = reader
             if self._stable_txn_id is not None:
                 # Initialising a stable transactional id fences a crashed predecessor and
@@ -194,7 +167,7 @@ class KafkaLogTransport:
             replication_factor=self._replication_factor,
             topic_configs={**_RETENTION_FOREVER, **(configs or {})},
         )
-        response = await _bounded(
+        response = await bounded(
             self._admin.create_topics([topic], timeout_ms=self._timeout_ms),
             self._timeout_s,
             f"create topic {name}",
@@ -216,7 +189,7 @@ class KafkaLogTransport:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         while True:
-            topics = await _bounded(
+            topics = await bounded(
                 self._admin.describe_topics([name]), self._timeout_s, f"describe topic {name}"
             )
             found = [t for t in topics if t["topic"] == name and t["error_code"] == 0]
@@ -235,7 +208,7 @@ class KafkaLogTransport:
             if client is None:
                 continue
             stop = client.close() if isinstance(client, AIOKafkaAdminClient) else client.stop()
-            await _stop_quietly(stop, self._timeout_s)
+            await stop_quietly(stop, self._timeout_s)
 
     def partition_for(self, key: bytes) -> int:
         return partition_for_key(key, self._partitions)
@@ -268,7 +241,7 @@ class KafkaLogTransport:
     async def _send(self, item: LogItem) -> Position:
         producer = self._require(self._producer)
         partition = self.partition_for(item.key)
-        metadata = await _bounded(
+        metadata = await bounded(
             producer.send_and_wait(self._topic, item.value, key=item.key, partition=partition),
             self._timeout_s,
             "append",
@@ -323,21 +296,21 @@ class KafkaLogTransport:
             )
             for item in items
         ]
-        written = await _bounded(asyncio.gather(*futures), self._timeout_s, "append")
+        written = await bounded(asyncio.gather(*futures), self._timeout_s, "append")
         return [Position(m.partition, m.offset) for m in written]
 
     async def _send_transaction(self, items: Sequence[LogItem]) -> list[Position]:
         async with self._txn_lock:
             producer = await self._transactional_producer()
             try:
-                return await _bounded(
+                return await bounded(
                     self._transaction(producer, items), self._timeout_s, "atomic append"
                 )
             except BaseException:
                 # A failed transaction can leave the producer fenced or in a fatal state:
                 # drop it, the next batch starts a fresh one.
                 self._txn_producer = None
-                await _stop_quietly(producer.stop(), self._timeout_s)
+                await stop_quietly(producer.stop(), self._timeout_s)
                 raise
 
     async def _transaction(
@@ -364,7 +337,7 @@ class KafkaLogTransport:
                 acks="all",
                 request_timeout_ms=self._timeout_ms,
             )
-            await _bounded(producer.start(), self._timeout_s, "transactional producer start")
+            await bounded(producer.start(), self._timeout_s, "transactional producer start")
             self._txn_producer = producer
         return self._txn_producer
 
@@ -377,12 +350,12 @@ class KafkaLogTransport:
         reader = self._require(self._reader)
         tp = TopicPartition(self._topic, partition)
         async with self._read_lock:
-            end = (await _bounded(reader.end_offsets([tp]), self._timeout_s, "end offsets"))[tp]
+            end = (await bounded(reader.end_offsets([tp]), self._timeout_s, "end offsets"))[tp]
             if offset >= end:
                 return []
             reader.assign([tp])
             reader.seek(tp, offset)
-            return await _bounded(
+            return await bounded(
                 self._read_until(reader, tp, end, max_records), self._timeout_s, "read"
             )
 
@@ -393,7 +366,7 @@ class KafkaLogTransport:
         entries: list[LogEntry] = []
         while len(entries) < max_records:
             batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
-            entries.extend(_entry(record) for record in batch.get(tp, []))
+            entries.extend(entry_of(record) for record in batch.get(tp, []))
             # Aborted records and transaction markers advance the position without records.
             if await reader.position(tp) >= end:
                 break
@@ -403,7 +376,7 @@ class KafkaLogTransport:
         """Next offset per partition as a read_committed reader sees it (the LSO)."""
         reader = self._require(self._reader)
         tps = [TopicPartition(self._topic, p) for p in range(self._partitions)]
-        ends = await _bounded(reader.end_offsets(tps), self._timeout_s, "end offsets")
+        ends = await bounded(reader.end_offsets(tps), self._timeout_s, "end offsets")
         return {tp.partition: offset for tp, offset in ends.items()}
 
     def consumer(self, group: str) -> KafkaLogConsumer:
@@ -427,112 +400,3 @@ class KafkaLogTransport:
         if client is None:
             raise TransportError("kafka transport is not started")
         return client
-
-
-class _Listener(ConsumerRebalanceListener):
-    """Forwards aiokafka's rebalance events as partition-number sets."""
-
-    def __init__(
-        self, topic: str, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback
-    ) -> None:
-        self._topic = topic
-        self._on_assigned = on_assigned
-        self._on_revoked = on_revoked
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        partitions = {tp.partition for tp in revoked if tp.topic == self._topic}
-        if partitions:
-            await self._on_revoked(partitions)
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        partitions = {tp.partition for tp in assigned if tp.topic == self._topic}
-        if partitions:
-            await self._on_assigned(partitions)
-
-
-class KafkaLogConsumer(LogConsumer):
-    """A consumer-group member: the group gives each partition to one member.
-
-    Offsets are never committed to the broker; the caller seeks to the offsets stored
-    with its read models (in ``on_assigned``). Without a seek a partition starts at the
-    beginning.
-    """
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        group: str,
-        *,
-        request_timeout_s: float = 30.0,
-        client_id: str = "prme",
-        session_timeout_ms: int = 10_000,
-        heartbeat_interval_ms: int = 3_000,
-    ) -> None:
-        self._topic = topic
-        self._timeout_s = request_timeout_s
-        self._settings: dict[str, Any] = {
-            "bootstrap_servers": bootstrap,
-            "client_id": f"{client_id}-{group}",
-            "group_id": group,
-            "enable_auto_commit": False,
-            "auto_offset_reset": "earliest",
-            "isolation_level": "read_committed",
-            "session_timeout_ms": session_timeout_ms,
-            "heartbeat_interval_ms": heartbeat_interval_ms,
-            "request_timeout_ms": int(request_timeout_s * 1000),
-        }
-        self._consumer: AIOKafkaConsumer | None = None
-
-    async def start(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
-        if self._consumer is not None:
-            raise TransportError("consumer already started")
-        consumer = AIOKafkaConsumer(**self._settings)
-        consumer.subscribe(
-            topics=[self._topic], listener=_Listener(self._topic, on_assigned, on_revoked)
-        )
-        # The first assignment can arrive inside start(), and its callback may seek.
-        self._consumer = consumer
-        try:
-            await _bounded(consumer.start(), self._timeout_s, "consumer start")
-        except BaseException:
-            self._consumer = None
-            await _stop_quietly(consumer.stop(), self._timeout_s)
-            raise
-
-    async def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is None:
-            return
-        await _stop_quietly(consumer.stop(), self._timeout_s)
-
-    def _require(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
-            raise TransportError("kafka consumer is not started")
-        return self._consumer
-
-    def seek(self, partition: int, offset: int) -> None:
-        self._require().seek(TopicPartition(self._topic, partition), offset)
-
-    async def position(self, partition: int) -> int:
-        tp = TopicPartition(self._topic, partition)
-        return int(await _bounded(self._require().position(tp), self._timeout_s, "position"))
-
-    def assignment(self) -> set[int]:
-        """Partitions currently assigned to this member."""
-        return {tp.partition for tp in self._require().assignment() if tp.topic == self._topic}
-
-    async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
-        # getmany has its own deadline; wrapping it in wait_for as well left a cancelled
-        # poll hanging (the runner's close waited on it forever).
-        try:
-            batches = await self._require().getmany(
-                timeout_ms=int(timeout_s * 1000), max_records=max_records
-            )
-        except KafkaError as error:
-            raise TransportError(f"kafka: poll failed: {error!r}") from error
-        return {
-            tp.partition: [_entry(record) for record in records]
-            for tp, records in batches.items()
-            if records
-        }

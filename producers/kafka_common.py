@@ -1,0 +1,43 @@
+"""What the Kafka transport and consumer share: deadlines, quiet stops, record mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from aiokafka import ConsumerRecord
+from aiokafka.errors import KafkaError
+
+from prme.schemas.errors import TransportError
+
+from .transport import LogEntry
+
+T = TypeVar("T")
+
+
+async def bounded(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
+    """Await with a deadline; Kafka errors and timeouts become :class:`TransportError`."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except TimeoutError as error:
+        raise TransportError(f"kafka: {what} timed out after {timeout_s:g}s") from error
+    except KafkaError as error:
+        raise TransportError(f"kafka: {what} failed: {error!r}") from error
+
+
+async def stop_quietly(stop: Awaitable[Any], timeout_s: float) -> None:
+    # Closing is best effort: the broker expires sessions and members on its own.
+    with contextlib.suppress(TimeoutError, KafkaError):
+        await asyncio.wait_for(stop, timeout_s)
+
+
+def entry_of(record: ConsumerRecord[bytes, bytes]) -> LogEntry:
+    return LogEntry(
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key or b"",
+        value=record.value or b"",
+        timestamp_ms=record.timestamp,
+    )

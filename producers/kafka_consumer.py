@@ -1,0 +1,123 @@
+"""The Kafka consumer-group member the projector runner reads through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+
+from prme.schemas.errors import TransportError
+
+from .kafka_common import bounded, entry_of, stop_quietly
+from .transport import LogConsumer, LogEntry, PartitionsCallback
+
+
+class _Listener(ConsumerRebalanceListener):
+    """Forwards aiokafka's rebalance events as partition-number sets."""
+
+    def __init__(
+        self, topic: str, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback
+    ) -> None:
+        self._topic = topic
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        partitions = {tp.partition for tp in revoked if tp.topic == self._topic}
+        if partitions:
+            await self._on_revoked(partitions)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        partitions = {tp.partition for tp in assigned if tp.topic == self._topic}
+        if partitions:
+            await self._on_assigned(partitions)
+
+
+class KafkaLogConsumer(LogConsumer):
+    """A consumer-group member: the group gives each partition to one member.
+
+    Offsets are never committed to the broker; the caller seeks to the offsets stored
+    with its read models (in ``on_assigned``). Without a seek a partition starts at the
+    beginning.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        *,
+        request_timeout_s: float = 30.0,
+        client_id: str = "prme",
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 3_000,
+    ) -> None:
+        self._topic = topic
+        self._timeout_s = request_timeout_s
+        self._settings: dict[str, Any] = {
+            "bootstrap_servers": bootstrap,
+            "client_id": f"{client_id}-{group}",
+            "group_id": group,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "isolation_level": "read_committed",
+            "session_timeout_ms": session_timeout_ms,
+            "heartbeat_interval_ms": heartbeat_interval_ms,
+            "request_timeout_ms": int(request_timeout_s * 1000),
+        }
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
+        if self._consumer is not None:
+            raise TransportError("consumer already started")
+        consumer = AIOKafkaConsumer(**self._settings)
+        consumer.subscribe(
+            topics=[self._topic], listener=_Listener(self._topic, on_assigned, on_revoked)
+        )
+        # The first assignment can arrive inside start(), and its callback may seek.
+        self._consumer = consumer
+        try:
+            await bounded(consumer.start(), self._timeout_s, "consumer start")
+        except BaseException:
+            self._consumer = None
+            await stop_quietly(consumer.stop(), self._timeout_s)
+            raise
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        await stop_quietly(consumer.stop(), self._timeout_s)
+
+    def _require(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise TransportError("kafka consumer is not started")
+        return self._consumer
+
+    def seek(self, partition: int, offset: int) -> None:
+        self._require().seek(TopicPartition(self._topic, partition), offset)
+
+    async def position(self, partition: int) -> int:
+        tp = TopicPartition(self._topic, partition)
+        return int(await bounded(self._require().position(tp), self._timeout_s, "position"))
+
+    def assignment(self) -> set[int]:
+        """Partitions currently assigned to this member."""
+        return {tp.partition for tp in self._require().assignment() if tp.topic == self._topic}
+
+    async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
+        # getmany has its own deadline; wrapping it in wait_for as well left a cancelled
+        # poll hanging (the runner's close waited on it forever).
+        try:
+            batches = await self._require().getmany(
+                timeout_ms=int(timeout_s * 1000), max_records=max_records
+            )
+        except KafkaError as error:
+            raise TransportError(f"kafka: poll failed: {error!r}") from error
+        return {
+            tp.partition: [entry_of(record) for record in records]
+            for tp, records in batches.items()
+            if records
+        }
