@@ -12,6 +12,8 @@ from prme import MemoryEngine, MessageDraft
 from prme.schemas.config import Settings
 from prme.schemas.errors import ShardUnavailable
 
+from .test_projector import check_dead_letter_path
+
 pytestmark = pytest.mark.kafka
 
 
@@ -72,27 +74,4 @@ async def test_owners_of_partitions_another_member_holds_are_refused(
 async def test_an_undecodable_record_on_kafka_goes_to_the_dead_letter_topic(
     kafka_settings: Settings, hashed_provider: Any
 ) -> None:
-    from prme.producers.factory import open_transport
-    from prme.producers.transport import LogItem
-    from prme.projectors.dead_letters import open_dead_letters, read_dead_letters
-
-    transport = open_transport(kafka_settings)
-    await transport.start()
-    await transport.append(LogItem(b"alice", b"\xc1 not msgpack"))
-    await transport.close()
-    async with await MemoryEngine.create(
-        settings=kafka_settings, embedding_provider=hashed_provider
-    ) as engine:
-        await engine.store("after the bad record", "alice")
-        assert [r.text for r in (await engine.retrieve("bad record", "alice")).results] == [
-            "after the bad record"
-        ]
-    letters_log = open_dead_letters(kafka_settings)
-    await letters_log.start()
-    try:
-        letters = await read_dead_letters(letters_log)
-    finally:
-        await letters_log.close()
-    assert [(letter.value, "msgpack" in letter.error) for letter in letters] == [
-        (b"\xc1 not msgpack", True)
-    ]
+    await check_dead_letter_path(kafka_settings, hashed_provider)
