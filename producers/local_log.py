@@ -54,7 +54,9 @@ class LocalLogTransport:
         self._partitions = partitions
         self._executor: ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None
-        self._appended: asyncio.Event | None = None
+        self._appended: asyncio.Condition | None = None
+        self._appends = 0
+        """How many appends this process made: a poller waits for it to move."""
 
     @property
     def partitions(self) -> int:
@@ -68,7 +70,7 @@ class LocalLogTransport:
         if self._executor is not None:
             return
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prme-local-log")
-        self._appended = asyncio.Event()
+        self._appended = asyncio.Condition()
         await self._run(self._open)
 
     def _open(self) -> None:
@@ -127,8 +129,9 @@ class LocalLogTransport:
             return []
         positions: list[Position] = await self._run(self._append_many, list(items))
         assert self._appended is not None
-        self._appended.set()
-        self._appended.clear()
+        self._appends += 1
+        async with self._appended:
+            self._appended.notify_all()
         return positions
 
     def _append_many(self, items: list[LogItem]) -> list[Position]:
@@ -199,12 +202,21 @@ class LocalLogTransport:
             .fetchall()
         )
 
-    async def wait_for_append(self, timeout_s: float) -> None:
-        """Return when this process appends, or after ``timeout_s`` (appends made by other
-        processes are found by the caller re-reading)."""
-        assert self._appended is not None
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._appended.wait(), timeout_s)
+    @property
+    def appends(self) -> int:
+        """The count of appends made through this transport (see :meth:`wait_for_append`)."""
+        return self._appends
+
+    async def wait_for_append(self, seen: int, timeout_s: float) -> None:
+        """Return once this process has appended since the count was ``seen``, or after
+        ``timeout_s`` (appends made by other processes are found by the caller re-reading).
+        Comparing counts, not waiting on an event, keeps an append made while the caller
+        was reading from being missed."""
+        condition = self._appended
+        assert condition is not None
+        async with condition:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(condition.wait_for(lambda: self._appends != seen), timeout_s)
 
     def consumer(self, group: str) -> LocalLogConsumer:
         return LocalLogConsumer(self)
@@ -248,11 +260,12 @@ class LocalLogConsumer:
     async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
+            seen = self._transport.appends
             batches = await self._read_available(max_records)
             remaining = deadline - asyncio.get_running_loop().time()
             if batches or remaining <= 0:
                 return batches
-            await self._transport.wait_for_append(min(remaining, _POLL_INTERVAL_S))
+            await self._transport.wait_for_append(seen, min(remaining, _POLL_INTERVAL_S))
 
     async def _read_available(self, max_records: int) -> dict[int, list[LogEntry]]:
         batches: dict[int, list[LogEntry]] = {}
