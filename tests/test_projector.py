@@ -169,3 +169,23 @@ async def test_queries_keep_answering_while_a_rebuild_runs(local_settings: Setti
         assert set(answers) == {"The Aurora launch is on Friday."}
         after = await engine.retrieve("Aurora launch Friday", "alice", top_k=1)
         assert after.results[0].text == "The Aurora launch is on Friday."
+
+
+async def test_an_apply_fault_that_is_not_the_records_stops_the_projector_without_dead_letters(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    from prme.schemas.errors import ShardUnavailable
+
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        first = await engine.store("before the fault", "alice")
+        shard = await engine.runner.shard_for("alice")
+        # A real fault in one read model: its SQLite connection goes away under it.
+        await shard.run(lambda: shard.models["graph"]._db.close())  # type: ignore[attr-defined]
+        with pytest.raises(ShardUnavailable, match="projector stopped"):
+            await engine.store("after the fault", "alice")
+        assert engine.runner.failure is not None
+        assert engine.runner.dead_letter_count == 0
+        assert first.token.offset == shard.models["history"].applied_offset()
+    finally:
+        await engine.close()
