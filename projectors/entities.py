@@ -36,10 +36,10 @@ _MONTH_NAMES = (
     ("november", "nov"),
     ("december", "dec"),
 )
-_MONTHS: dict[str, int] = {
+MONTHS: dict[str, int] = {
     name: number for number, names in enumerate(_MONTH_NAMES, 1) for name in names
 }
-_MONTH = r"(?P<month>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+_MONTH = r"(?P<month>" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
 _ORD = r"(?:st|nd|rd|th)?"
 
 _ISO_DATE = re.compile(r"\b(?P<year>\d{4})-(?P<mon>\d{2})-(?P<day>\d{2})\b")
@@ -147,7 +147,7 @@ def _structured_matches(text: str) -> Iterator[tuple[int, int, str]]:
             yield match.start(), match.end(), match.group(0)
     for pattern in (_MONTH_DAY, _DAY_MONTH):
         for match in pattern.finditer(text):
-            month = _MONTHS[match["month"].casefold()]
+            month = MONTHS[match["month"].casefold()]
             day = int(match["day"])
             if not _valid_date(month, day):
                 continue
@@ -157,7 +157,7 @@ def _structured_matches(text: str) -> Iterator[tuple[int, int, str]]:
                 name = f"{match['month'].rstrip('.')} {day}"
             yield match.start(), match.end(), name
     for match in _MONTH_YEAR.finditer(text):
-        month = _MONTHS[match["month"].casefold()]
+        month = MONTHS[match["month"].casefold()]
         yield match.start(), match.end(), f"{match['year']}-{month:02d}"
     for match in _QUOTED.finditer(text):
         title = next(group for group in match.groups() if group is not None).strip()

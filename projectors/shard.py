@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from prme.producers.transport import LogEntry
-from prme.schemas.codec import decode_record
+from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.config import Settings
 from prme.schemas.errors import InvalidEmbedding, InvalidInput, RecordDecodeError
 from prme.schemas.records import Message
@@ -213,8 +213,6 @@ class Shard:
     def _apply_one_by_one(
         self, name: ModelName, model: ReadModel, todo: list[ProjectedRecord]
     ) -> list[DeadLetter]:
-        from prme.schemas.codec import encode_record
-
         dead: list[DeadLetter] = []
         for item in todo:
             try:

@@ -24,7 +24,7 @@ from prme.projectors.model import MODEL_NAMES, ModelName
 from prme.projectors.runner import ProjectorRunner
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, NotFound
-from prme.schemas.records import Message, memory_node_id
+from prme.schemas.records import Message, Record, memory_node_id
 
 from .fusion import FusionName
 from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
@@ -68,7 +68,7 @@ class MemoryEngine:
         settings = _settings_for(directory, settings)
         if load_pack_config(Path(settings.data_dir)) is not None:
             raise ConfigurationError(f"{settings.data_dir} already holds a PRME pack: use open()")
-        return await cls._start(settings, embedding_provider, create=True)
+        return await cls._start(settings, embedding_provider)
 
     @classmethod
     async def open(
@@ -83,12 +83,10 @@ class MemoryEngine:
         settings = _settings_for(directory, settings)
         if load_pack_config(Path(settings.data_dir)) is None and not create_if_missing:
             raise ConfigurationError(f"no PRME pack in {settings.data_dir}: use create()")
-        return await cls._start(settings, embedding_provider, create=create_if_missing)
+        return await cls._start(settings, embedding_provider)
 
     @classmethod
-    async def _start(
-        cls, settings: Settings, provider: EmbeddingProvider | None, *, create: bool
-    ) -> Self:
+    async def _start(cls, settings: Settings, provider: EmbeddingProvider | None) -> Self:
         data_dir = Path(settings.data_dir)
         saved = load_pack_config(data_dir)
         if provider is None:
@@ -166,12 +164,7 @@ class MemoryEngine:
         self, drafts: Sequence[MessageDraft], *, wait: bool = True
     ) -> list[StoreResult]:
         """Append messages atomically (all or none)."""
-        records = [self._producer.build_message(d) for d in drafts]
-        receipts = await self._producer.append_records(records)
-        results = [_store_result(r, memory_node_id(r.event_id)) for r in receipts]
-        if wait:
-            await self.wait_for([r.token for r in results])
-        return results
+        return await self._append([self._producer.build_message(d) for d in drafts], wait)
 
     async def add_messages(
         self,
@@ -206,13 +199,21 @@ class MemoryEngine:
     ) -> list[StoreResult]:
         """Atomically append a clear marker and the new messages."""
         records = self._producer.build_replacement(user_id, session_id, scope, drafts)
+        return await self._append(records, wait)
+
+    async def _append(self, records: Sequence[Record], wait: bool) -> list[StoreResult]:
+        """Append atomically; a message's result names the memory node it derives."""
         receipts = await self._producer.append_records(records)
         results = [
-            _store_result(r, memory_node_id(r.event_id) if isinstance(rec, Message) else None)
-            for r, rec in zip(receipts, records, strict=True)
+            StoreResult(
+                event_id=receipt.event_id,
+                node_ids=[memory_node_id(receipt.event_id)] if isinstance(record, Message) else [],
+                token=receipt.position,
+            )
+            for receipt, record in zip(receipts, records, strict=True)
         ]
         if wait:
-            await self.wait_for([r.token for r in results])
+            await self.wait_for([result.token for result in results])
         return results
 
     async def delete_message(
@@ -411,10 +412,4 @@ def _qdrant_client(settings: Settings) -> Any:
         url=settings.qdrant.url,
         api_key=settings.qdrant.api_key,
         timeout=int(settings.qdrant.timeout_s),
-    )
-
-
-def _store_result(receipt: AppendReceipt, node_id: str | None) -> StoreResult:
-    return StoreResult(
-        event_id=receipt.event_id, node_ids=[node_id] if node_id else [], token=receipt.position
     )

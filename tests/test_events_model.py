@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from prme.projectors.derive import derive_node
-from prme.projectors.model import ProjectedRecord
 from prme.projectors.stores.events import EventsModel
 from prme.schemas.records import (
     AnyRecord,
@@ -20,7 +17,7 @@ from prme.schemas.records import (
     OwnerErased,
 )
 
-AT = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+from .record_builders import AT, projected
 
 
 def msg(event_id: str, owner: str = "alice") -> Message:
@@ -33,17 +30,6 @@ def msg(event_id: str, owner: str = "alice") -> Message:
         role="user",
         content="hi Caroline",
     )
-
-
-def projected(records: list[AnyRecord], start: int = 0) -> list[ProjectedRecord]:
-    return [
-        ProjectedRecord(
-            offset=start + i,
-            record=r,
-            node=derive_node(r) if isinstance(r, Message) else None,
-        )
-        for i, r in enumerate(records)
-    ]
 
 
 @pytest.fixture

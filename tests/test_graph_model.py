@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from prme.projectors.derive import derive_node
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.stores.graph import Edge, GraphModel, entity_node_id, session_node_id
 from prme.schemas.records import (
     AnyRecord,
     HistoryCleared,
     HistoryReplaced,
-    Message,
     MessageDeleted,
     NodeArchived,
     NodeRestored,
@@ -23,32 +20,7 @@ from prme.schemas.records import (
     OwnerErased,
 )
 
-AT = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
-
-
-def msg(
-    event_id: str, text: str, owner: str = "alice", session: str = "s1", scope: str = "default"
-) -> Message:
-    return Message(
-        event_id=event_id,
-        owner=owner,
-        session_id=session,
-        scope=scope,
-        recorded_at=AT,
-        role="user",
-        content=text,
-    )
-
-
-def projected(records: list[AnyRecord], start: int = 0) -> list[ProjectedRecord]:
-    return [
-        ProjectedRecord(
-            offset=start + index,
-            record=record,
-            node=derive_node(record) if isinstance(record, Message) else None,
-        )
-        for index, record in enumerate(records)
-    ]
+from .record_builders import AT, msg, projected
 
 
 @pytest.fixture

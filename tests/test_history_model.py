@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from prme.projectors.model import ProjectedRecord
 from prme.projectors.stores.history import HistoryModel
 from prme.schemas.records import (
-    AnyRecord,
     HistoryCleared,
     HistoryReplaced,
     Message,
@@ -20,29 +17,11 @@ from prme.schemas.records import (
     OwnerErased,
 )
 
-AT = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
-
-
-def msg(
-    event_id: str, text: str, owner: str = "alice", session: str = "s1", scope: str = "default"
-) -> Message:
-    return Message(
-        event_id=event_id,
-        owner=owner,
-        session_id=session,
-        scope=scope,
-        recorded_at=AT,
-        role="user",
-        content=text,
-    )
+from .record_builders import AT, msg, projected
 
 
 def clear(event_id: str, owner: str = "alice", session: str = "s1") -> HistoryCleared:
     return HistoryCleared(event_id=event_id, owner=owner, session_id=session, recorded_at=AT)
-
-
-def projected(records: list[AnyRecord], start: int = 0) -> list[ProjectedRecord]:
-    return [ProjectedRecord(offset=start + i, record=r) for i, r in enumerate(records)]
 
 
 def texts(
