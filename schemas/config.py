@@ -118,10 +118,15 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """
         environ = os.environ if environ is None else environ
         tree: dict[str, Any] = {}
+        fields = {f.name for f in msgspec.structs.fields(cls)}
         for name, raw in environ.items():
-            if not name.startswith("PRME_") or name == "PRME_KAFKA_BOOTSTRAP":
+            if not name.startswith("PRME_"):
                 continue
             path = name[len("PRME_") :].lower().split("__")
+            if path[0] not in fields:
+                # PRME_* variables of the tooling (PRME_KAFKA_BOOTSTRAP, PRME_KAFKA_HEAP, ...)
+                # are not settings; an unknown key inside a section is still an error.
+                continue
             node = tree
             for part in path[:-1]:
                 node = node.setdefault(part, {})

@@ -116,6 +116,8 @@ def test_settings_come_from_prme_variables_with_nesting() -> None:
             "PRME_SCORING__FUSION": "rrf",
             "PRME_SERVICE__API_KEYS": '{"k1": "alice"}',
             "HOME": "/ignored",
+            "PRME_KAFKA_HEAP": "2g",
+            "PRME_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
         }
     )
     assert settings.data_dir == "/data" and settings.log.transport == "kafka"
