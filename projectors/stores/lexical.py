@@ -263,6 +263,7 @@ class LexicalModel:
         Query syntax is not interpreted: the words are searched as a disjunction, so text
         such as ``what's "the plan`` or ``owner:bob NOT x`` is just words.
         """
+        self._require_writer()  # a closed model answers nothing, like the other stores
         terms = _TERM.findall(query.lower())[:MAX_QUERY_TERMS]
         if not terms or limit <= 0:
             return []
