@@ -132,8 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _project(settings: Settings) -> None:
-    from prme.producers.factory import open_transport
-    from prme.projectors.dead_letters import open_dead_letters
+    from prme.producers.factory import open_dead_letters, open_transport
     from prme.projectors.runner import ProjectorRunner
     from prme.query.engine import default_provider
 

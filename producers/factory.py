@@ -1,4 +1,8 @@
-"""Open the log transport the settings name."""
+"""Open the log transports the settings name: the event log and the dead-letter log.
+
+The backend (``local`` SQLite under ``data_dir`` or ``kafka`` at ``bootstrap``) is chosen
+here and nowhere else; the engine, the CLI and the workers all open their logs through it.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +14,41 @@ from .transport import LogTransport
 
 
 def open_transport(settings: Settings) -> LogTransport:
-    """A not-yet-started transport: ``local`` under ``data_dir`` or ``kafka`` at ``bootstrap``."""
+    """A not-yet-started transport for the event log."""
+    return _open_log(
+        settings,
+        topic=settings.log.topic,
+        file_name="log.sqlite3",
+        partitions=settings.log.partitions,
+        transactional_id=settings.log.transactional_id,
+    )
+
+
+def open_dead_letters(settings: Settings) -> LogTransport:
+    """A not-yet-started single-partition transport for the dead letters (topic
+    ``log.dlq_topic`` on Kafka, ``dlq.sqlite3`` next to the embedded log)."""
+    return _open_log(settings, topic=settings.log.dlq_topic, file_name="dlq.sqlite3", partitions=1)
+
+
+def _open_log(
+    settings: Settings,
+    *,
+    topic: str,
+    file_name: str,
+    partitions: int,
+    transactional_id: str | None = None,
+) -> LogTransport:
     log = settings.log
     if log.transport == "kafka":
         from .kafka_log import KafkaLogTransport
 
         return KafkaLogTransport(
             log.bootstrap,
-            log.topic,
-            log.partitions,
+            topic,
+            partitions,
             request_timeout_s=log.request_timeout_s,
-            transactional_id=log.transactional_id,
+            transactional_id=transactional_id,
         )
     from .local_log import LocalLogTransport
 
-    return LocalLogTransport(Path(settings.data_dir) / "log.sqlite3", log.partitions)
+    return LocalLogTransport(Path(settings.data_dir) / file_name, partitions)

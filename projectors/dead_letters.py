@@ -6,12 +6,10 @@ to the embedded log), one partition, so the same tools read it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import msgspec
 
+from prme.producers.factory import open_dead_letters
 from prme.producers.transport import LogItem, LogTransport
-from prme.schemas.config import Settings
 
 
 class DeadLetter(msgspec.Struct, frozen=True):
@@ -25,21 +23,7 @@ class DeadLetter(msgspec.Struct, frozen=True):
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(DeadLetter)
 
-
-def open_dead_letters(settings: Settings) -> LogTransport:
-    """A not-yet-started single-partition transport for dead letters."""
-    if settings.log.transport == "kafka":
-        from prme.producers.kafka_log import KafkaLogTransport
-
-        return KafkaLogTransport(
-            settings.log.bootstrap,
-            settings.log.dlq_topic,
-            1,
-            request_timeout_s=settings.log.request_timeout_s,
-        )
-    from prme.producers.local_log import LocalLogTransport
-
-    return LocalLogTransport(Path(settings.data_dir) / "dlq.sqlite3", 1)
+__all__ = ["DeadLetter", "open_dead_letters", "read_dead_letters", "send_dead_letter"]
 
 
 async def send_dead_letter(transport: LogTransport, letter: DeadLetter) -> None:

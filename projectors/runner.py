@@ -15,6 +15,7 @@ from prme.producers.transport import LogConsumer, LogTransport
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConsistencyTimeout, ShardUnavailable
 
+from .backends import VectorBackend
 from .dead_letters import send_dead_letter
 from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
 from .embeddings.validation import identity_of
@@ -38,8 +39,9 @@ class ProjectorRunner:
         dead_letters: LogTransport | None = None,
         group: str = GROUP,
         batch_size: int = 256,
-        qdrant_client: Any = None,
+        vectors: VectorBackend | None = None,
     ) -> None:
+        """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name."""
         self.settings = settings
         self.transport = transport
         self.provider = provider
@@ -47,7 +49,8 @@ class ProjectorRunner:
         self._dead_letters = dead_letters
         self._group = group
         self._batch_size = batch_size
-        self._qdrant_client = qdrant_client
+        self._owns_vectors = vectors is None
+        self.vectors = vectors or VectorBackend.from_settings(settings)
         self._data_dir = Path(settings.data_dir)
         self._vector_cache = VectorCache(self._data_dir / "vector_cache.sqlite3")
         self.shards: dict[int, Shard] = {}
@@ -85,6 +88,8 @@ class ProjectorRunner:
         for partition in list(self.shards):
             await self._close_shard(partition)
         self._vector_cache.close()
+        if self._owns_vectors:
+            self.vectors.close()
 
     async def _on_assigned(self, partitions: set[int]) -> None:
         if self._stopping:  # a rebalance can complete while the consumer is closing
@@ -97,7 +102,7 @@ class ProjectorRunner:
                     partition,
                     self.settings,
                     self.identity,
-                    qdrant_client=self._qdrant_client,
+                    vectors=self.vectors,
                 )
                 await shard.open(lazily=True)
                 self.shards[partition] = shard
@@ -268,7 +273,7 @@ class ProjectorRunner:
                 self.settings,
                 self.identity,
                 models=models,
-                qdrant_client=self._qdrant_client,
+                vectors=self.vectors,
             )
             await staged.open()
             try:
@@ -304,7 +309,7 @@ class ProjectorRunner:
                     shard.partition,
                     self.settings,
                     self.identity,
-                    self._qdrant_client,
+                    self.vectors,
                 )
 
         await shard.run(_swap_models)

@@ -19,6 +19,7 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import InvalidEmbedding, InvalidInput, RecordDecodeError
 from prme.schemas.records import Message
 
+from .backends import VectorBackend
 from .dead_letters import DeadLetter
 from .derive import derive_node, embedding_text
 from .embeddings.protocol import EmbeddingIdentity
@@ -49,19 +50,13 @@ def open_model(
     partition: int,
     settings: Settings,
     identity: EmbeddingIdentity,
-    qdrant_client: Any = None,
+    vectors: VectorBackend,
 ) -> ReadModel:
     """Open read model ``name`` of a shard in ``directory/<name>``."""
     path = directory / name
     path.mkdir(parents=True, exist_ok=True)
     if name == "vector":
-        if qdrant_client is not None:
-            from .stores.vector_qdrant import QdrantVectorModel
-
-            return QdrantVectorModel(qdrant_client, settings.qdrant.collection, partition, identity)
-        from .stores.vector_edge import EdgeVectorModel
-
-        return EdgeVectorModel(path, identity)
+        return vectors.open(path, partition, identity)
     if name == "lexical":
         return LexicalModel(path, settings.lexical)
     if name == "graph":
@@ -82,13 +77,15 @@ class Shard:
         identity: EmbeddingIdentity,
         *,
         models: Sequence[ModelName] = MODEL_NAMES,
-        qdrant_client: Any = None,
+        vectors: VectorBackend | None = None,
     ) -> None:
+        """Without ``vectors`` the shard opens (and closes) the backend ``settings`` name."""
         self.directory = directory
         self.partition = partition
         self._settings = settings
         self._identity = identity
-        self._qdrant_client = qdrant_client
+        self._owns_vectors = vectors is None
+        self._vectors = vectors or VectorBackend.from_settings(settings)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"prme-p{partition}")
         self.models: dict[ModelName, ReadModel] = {}
         self._model_names = tuple(models)
@@ -114,7 +111,7 @@ class Shard:
                     self.partition,
                     self._settings,
                     self._identity,
-                    self._qdrant_client,
+                    self._vectors,
                 )
 
         await self.run(_open)
@@ -233,14 +230,12 @@ class Shard:
         return {name: model.digest() for name, model in self.models.items()}
 
     async def close(self) -> None:
-        if not self.models:
-            self._executor.shutdown(wait=True)
-            return
-
         def _close() -> None:
             for model in self.models.values():
                 model.close()
             self.models.clear()
+            if self._owns_vectors:
+                self._vectors.close()
 
         await self.run(_close)
         self._executor.shutdown(wait=True)

@@ -12,10 +12,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
-from prme.producers.factory import open_transport
+from prme.producers.factory import open_dead_letters, open_transport
 from prme.producers.producer import AppendReceipt, MessageDraft, Producer
 from prme.producers.transport import LogTransport, Position
-from prme.projectors.dead_letters import open_dead_letters
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
 from prme.projectors.embeddings.model_assets import default_model_dir
@@ -110,10 +109,7 @@ class MemoryEngine:
         dead_letters = open_dead_letters(settings)
         await transport.start()
         await dead_letters.start()
-        qdrant_client = _qdrant_client(settings)
-        runner = ProjectorRunner(
-            settings, transport, provider, dead_letters=dead_letters, qdrant_client=qdrant_client
-        )
+        runner = ProjectorRunner(settings, transport, provider, dead_letters=dead_letters)
         await runner.start()
         await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
         return cls(settings, provider, transport, runner, dead_letters)
@@ -401,15 +397,3 @@ def default_provider(settings: Settings) -> EmbeddingProvider:
 def _settings_for(directory: str | Path | None, settings: Settings | None) -> Settings:
     base = settings or Settings.from_env()
     return base if directory is None else base.replace(data_dir=str(directory))
-
-
-def _qdrant_client(settings: Settings) -> Any:
-    if not settings.qdrant.url:
-        return None
-    from qdrant_client import QdrantClient
-
-    return QdrantClient(
-        url=settings.qdrant.url,
-        api_key=settings.qdrant.api_key,
-        timeout=int(settings.qdrant.timeout_s),
-    )

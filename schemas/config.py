@@ -77,7 +77,11 @@ class QuerySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class QdrantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Unset: vectors in embedded qdrant-edge shards. ``url``: a Qdrant server. ``path``:
+    qdrant-client's local mode (one process at a time)."""
+
     url: str | None = None
+    path: str | None = None
     api_key: str | None = None
     collection: str = "prme"
     timeout_s: float = 10.0

@@ -1,0 +1,65 @@
+"""Where a shard's vectors live, chosen once from ``Settings``.
+
+Embedded qdrant-edge shards under each shard directory by default; with ``qdrant.url`` a
+Qdrant server, with ``qdrant.path`` qdrant-client's local mode (one process at a time):
+one collection shared by every partition. The engine, ``prme project`` and ``prme
+rebuild`` all open vector models through a :class:`VectorBackend`, so workers write where
+the query service reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prme.schemas.config import Settings
+from prme.schemas.errors import ConfigurationError
+
+from .embeddings.protocol import EmbeddingIdentity
+from .stores.vector_base import VectorModelBase
+
+if TYPE_CHECKING:
+    from qdrant_client import QdrantClient
+
+
+class VectorBackend:
+    """Opens the vector model of a partition; holds the Qdrant client when there is one."""
+
+    def __init__(self, collection: str, client: QdrantClient | None = None) -> None:
+        self._collection = collection
+        self._client = client
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> VectorBackend:
+        qdrant = settings.qdrant
+        if qdrant.url and qdrant.path:
+            raise ConfigurationError("set one of qdrant.url (a server) and qdrant.path, not both")
+        if not (qdrant.url or qdrant.path):
+            return cls(qdrant.collection)
+        from qdrant_client import QdrantClient
+
+        if qdrant.path:
+            return cls(qdrant.collection, QdrantClient(path=qdrant.path))
+        return cls(
+            qdrant.collection,
+            QdrantClient(url=qdrant.url, api_key=qdrant.api_key, timeout=int(qdrant.timeout_s)),
+        )
+
+    @property
+    def kind(self) -> str:
+        """``edge`` or ``qdrant``."""
+        return "edge" if self._client is None else "qdrant"
+
+    def open(self, directory: Path, partition: int, identity: EmbeddingIdentity) -> VectorModelBase:
+        """The vector model of ``partition`` (``directory`` is its edge shard directory)."""
+        if self._client is not None:
+            from .stores.vector_qdrant import QdrantVectorModel
+
+            return QdrantVectorModel(self._client, self._collection, partition, identity)
+        from .stores.vector_edge import EdgeVectorModel
+
+        return EdgeVectorModel(directory, identity)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
