@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prme.query.client import MemoryClient
+from prme.query.sync_client import MemoryClient
 from prme.schemas.errors import ConfigurationError
 
 

@@ -20,7 +20,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr, model_validator
 
-from prme.query.client import MemoryClient
+from prme.query.sync_client import MemoryClient
 from prme.schemas.errors import InvalidInput
 
 from .connection import ClientHandle

@@ -17,7 +17,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.core.storage.chat_store.base import BaseChatStore
 from pydantic import Field, PrivateAttr
 
-from prme.query.client import MemoryClient
+from prme.query.sync_client import MemoryClient
 from prme.schemas.records import Message
 
 from .connection import ClientHandle

@@ -8,8 +8,9 @@ from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
 from prme.projectors.embeddings.protocol import EmbeddingProvider, QueryEmbeddingProvider
-from prme.query.client import AsyncMemoryClient, MemoryClient
+from prme.query.client import AsyncMemoryClient
 from prme.query.engine import MemoryEngine
+from prme.query.sync_client import MemoryClient
 from prme.query.types import Bundle, MemoryResult, Receipt, RetrieveResponse, StoreResult
 from prme.schemas.config import Settings
 

@@ -11,6 +11,7 @@ from prme.schemas.errors import (
     RecordDecodeError,
     ShardUnavailable,
     TransportError,
+    Unauthenticated,
     UnknownRecordKind,
     UnsupportedRecordVersion,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "RecordDecodeError",
     "ShardUnavailable",
     "TransportError",
+    "Unauthenticated",
     "UnknownRecordKind",
     "UnsupportedRecordVersion",
 ]

@@ -73,6 +73,19 @@ class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str | None = None
 
 
+ADDITION_MISMATCH = "each message must belong to the history it is added to"
+REPLACEMENT_MISMATCH = "replacement messages must share the history's owner/session/scope"
+
+
+def check_history(
+    owner: str, session_id: str, scope: str, drafts: Sequence[MessageDraft], mismatch: str
+) -> None:
+    """InvalidInput(``mismatch``) unless every draft belongs to (owner, session, scope)."""
+    for draft in drafts:
+        if (draft.owner, draft.session_id, draft.scope) != (owner, session_id, scope):
+            raise InvalidInput(mismatch)
+
+
 def new_event_id() -> str:
     """A UUIDv7 string: unique and time-ordered."""
     return str(uuid_utils.uuid7())
@@ -123,14 +136,8 @@ class Producer:
             },
             HistoryReplaced,
         )
-        messages: list[Record] = []
-        for draft in drafts:
-            if (draft.owner, draft.session_id, draft.scope) != (owner, session_id, scope):
-                raise InvalidInput(
-                    "replacement messages must share the history's owner/session/scope"
-                )
-            messages.append(self.build_message(draft))
-        return [marker, *messages]
+        check_history(owner, session_id, scope, drafts, REPLACEMENT_MISMATCH)
+        return [marker, *(self.build_message(draft) for draft in drafts)]
 
     async def append_message(self, draft: MessageDraft) -> AppendReceipt:
         return (await self.append_records([self.build_message(draft)]))[0]

@@ -14,13 +14,11 @@ from collections.abc import Iterable, Mapping
 import msgspec
 
 from prme.schemas.config import ServiceSettings
-from prme.schemas.errors import ConfigurationError, Forbidden
+from prme.schemas.errors import ConfigurationError, Forbidden, Unauthenticated
 
 ADMIN = "*"
 
-
-class Unauthenticated(Forbidden):
-    """No API key, or an unknown one (HTTP 401)."""
+__all__ = ["ADMIN", "ApiKeys", "Caller", "Unauthenticated", "check_bind_safety", "is_loopback"]
 
 
 class Caller(msgspec.Struct, frozen=True):

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any, Self
 
 from prme.producers.factory import open_dead_letters, open_transport
-from prme.producers.producer import AppendReceipt, MessageDraft, Producer
+from prme.producers.producer import (
+    ADDITION_MISMATCH,
+    AppendReceipt,
+    MessageDraft,
+    Producer,
+    check_history,
+)
 from prme.producers.transport import LogTransport, Position
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
@@ -26,6 +32,7 @@ from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, Not
 from prme.schemas.records import Message, Record, memory_node_id
 
 from .fusion import FusionName
+from .http_types import RetrieveRequest
 from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
 from .retrieve import Retriever
 from .tokens import TokenCounter
@@ -171,9 +178,7 @@ class MemoryEngine:
         scope: str = "default",
         wait: bool = True,
     ) -> list[StoreResult]:
-        for draft in drafts:
-            if (draft.owner, draft.session_id, draft.scope) != (user_id, session_id, scope):
-                raise InvalidInput("each message must belong to the history it is added to")
+        check_history(user_id, session_id, scope, drafts, ADDITION_MISMATCH)
         return await self.store_many(drafts, wait=wait)
 
     async def clear_history(
@@ -287,21 +292,36 @@ class MemoryEngine:
         include_archived: bool = False,
         fusion: FusionName | None = None,
     ) -> RetrieveResponse:
-        if not query or not query.strip():
-            raise InvalidInput("query must not be empty")
-        if top_k <= 0 or token_budget <= 0:
-            raise InvalidInput("top_k and token_budget must be positive")
-        if after is not None:
-            await self.wait_for([after])
-        return await self._retriever.retrieve(
-            query,
-            user_id,
+        request = RetrieveRequest(
+            query=query,
+            user_id=user_id,
             scope=scope,
             top_k=top_k,
             token_budget=token_budget,
             min_score=min_score,
+            after=after,
             include_archived=include_archived,
             fusion=fusion,
+        )
+        return await self.retrieve_request(request)
+
+    async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
+        """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""
+        if not request.query or not request.query.strip():
+            raise InvalidInput("query must not be empty")
+        if request.top_k <= 0 or request.token_budget <= 0:
+            raise InvalidInput("top_k and token_budget must be positive")
+        if request.after is not None:
+            await self.wait_for([request.after])
+        return await self._retriever.retrieve(
+            request.query,
+            request.user_id,
+            scope=request.scope,
+            top_k=request.top_k,
+            token_budget=request.token_budget,
+            min_score=request.min_score,
+            include_archived=request.include_archived,
+            fusion=request.fusion,
         )
 
     async def history(

@@ -8,58 +8,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 from urllib.parse import quote
 
 import httpx
 import msgspec
 
-from prme.producers.producer import MessageDraft
+from prme.producers.producer import ADDITION_MISMATCH, REPLACEMENT_MISMATCH, MessageDraft
 from prme.producers.transport import Position
-from prme.schemas.errors import (
-    ConfigurationError,
-    ConsistencyTimeout,
-    EmbeddingMismatch,
-    Forbidden,
-    InvalidInput,
-    NotFound,
-    PRMEError,
-    ShardUnavailable,
-    TransportError,
-)
-from prme.schemas.records import AnyRecord, Message
+from prme.schemas.errors import InvalidInput, PRMEError, TransportError
+from prme.schemas.records import AnyRecord, Message, Role
 
-from .auth import Unauthenticated
 from .fusion import FusionName
-from .http_types import ErrorBody, format_token
+from .http_errors import error_of
+from .http_types import (
+    ArchiveRequest,
+    ClearHistoryRequest,
+    ErrorBody,
+    HistoryWriteRequest,
+    MemoryIn,
+    RestoreRequest,
+    RetrieveRequest,
+    StoreManyRequest,
+    StoreRequest,
+    SupersedeRequest,
+    format_token,
+)
 from .types import EventView, RetrieveResponse, StoreResult
 
 T = TypeVar("T")
-
-ERRORS: dict[str, type[PRMEError]] = {
-    "unauthenticated": Unauthenticated,
-    "forbidden": Forbidden,
-    "not_found": NotFound,
-    "invalid_input": InvalidInput,
-    "payload_too_large": InvalidInput,
-    "unsupported_media_type": InvalidInput,
-    "consistency_timeout": ConsistencyTimeout,
-    "shard_unavailable": ShardUnavailable,
-    "transport_unavailable": TransportError,
-    "embedding_mismatch": EmbeddingMismatch,
-    "configuration_error": ConfigurationError,
-}
-STATUS_ERRORS: dict[int, type[PRMEError]] = {
-    400: InvalidInput,
-    401: Unauthenticated,
-    403: Forbidden,
-    404: NotFound,
-    413: InvalidInput,
-    503: ShardUnavailable,
-    504: ConsistencyTimeout,
-}
-_DRAFT_FIELDS = tuple(f.name for f in msgspec.structs.fields(MessageDraft))
-_HISTORY_ENVELOPE = frozenset({"owner", "session_id", "scope"})
 
 
 class HttpMemoryBackend:
@@ -112,24 +89,24 @@ class HttpMemoryBackend:
         request_id: str | None = None,
         wait: bool = True,
     ) -> StoreResult:
-        body = {
-            "user_id": user_id,
-            "content": content,
-            "session_id": session_id,
-            "scope": scope,
-            "role": role,
-            "name": name,
-            "metadata": metadata or {},
-            "occurred_at": occurred_at,
-            "request_id": request_id,
-            "wait": wait,
-        }
+        body = StoreRequest(
+            user_id=user_id,
+            content=content,
+            session_id=session_id,
+            scope=scope,
+            role=cast(Role, role),  # the service refuses an unknown role
+            name=name,
+            metadata=metadata or {},
+            occurred_at=occurred_at,
+            request_id=request_id,
+            wait=wait,
+        )
         return await self._call("POST", "memories", StoreResult, json=body)
 
     async def store_many(
         self, drafts: Sequence[MessageDraft], *, wait: bool = True
     ) -> list[StoreResult]:
-        body = {"messages": [_memory_body(d) for d in drafts], "wait": wait}
+        body = StoreManyRequest(messages=[MemoryIn.of_draft(d) for d in drafts], wait=wait)
         return await self._call("POST", "memories/batch", list[StoreResult], json=body)
 
     async def add_messages(
@@ -141,20 +118,15 @@ class HttpMemoryBackend:
         scope: str = "default",
         wait: bool = True,
     ) -> list[StoreResult]:
-        body = _history_body(
-            user_id,
-            session_id,
-            scope,
-            drafts,
-            wait,
-            "each message must belong to the history it is added to",
+        body = HistoryWriteRequest.of(
+            user_id, session_id, drafts, scope=scope, wait=wait, mismatch=ADDITION_MISMATCH
         )
         return await self._call("POST", "history/messages", list[StoreResult], json=body)
 
     async def clear_history(
         self, user_id: str, session_id: str, *, scope: str = "default", wait: bool = True
     ) -> StoreResult:
-        body = {"user_id": user_id, "session_id": session_id, "scope": scope, "wait": wait}
+        body = ClearHistoryRequest(user_id=user_id, session_id=session_id, scope=scope, wait=wait)
         return await self._call("POST", "history/clear", StoreResult, json=body)
 
     async def replace_history(
@@ -166,13 +138,8 @@ class HttpMemoryBackend:
         scope: str = "default",
         wait: bool = True,
     ) -> list[StoreResult]:
-        body = _history_body(
-            user_id,
-            session_id,
-            scope,
-            drafts,
-            wait,
-            "replacement messages must share the history's owner/session/scope",
+        body = HistoryWriteRequest.of(
+            user_id, session_id, drafts, scope=scope, wait=wait, mismatch=REPLACEMENT_MISMATCH
         )
         return await self._call("POST", "history/replace", list[StoreResult], json=body)
 
@@ -186,13 +153,13 @@ class HttpMemoryBackend:
     async def archive(
         self, node_id: str, user_id: str, *, reason: str | None = None, wait: bool = True
     ) -> StoreResult:
-        body = {"user_id": user_id, "reason": reason, "wait": wait}
+        body = ArchiveRequest(user_id=user_id, reason=reason, wait=wait)
         return await self._call(
             "POST", f"nodes/{_segment(node_id)}/archive", StoreResult, json=body
         )
 
     async def restore(self, node_id: str, user_id: str, *, wait: bool = True) -> StoreResult:
-        body = {"user_id": user_id, "wait": wait}
+        body = RestoreRequest(user_id=user_id, wait=wait)
         return await self._call(
             "POST", f"nodes/{_segment(node_id)}/restore", StoreResult, json=body
         )
@@ -200,7 +167,7 @@ class HttpMemoryBackend:
     async def supersede(
         self, node_id: str, by_node_id: str, user_id: str, *, wait: bool = True
     ) -> StoreResult:
-        body = {"user_id": user_id, "by_node_id": by_node_id, "wait": wait}
+        body = SupersedeRequest(user_id=user_id, by_node_id=by_node_id, wait=wait)
         path = f"nodes/{_segment(node_id)}/supersede"
         return await self._call("POST", path, StoreResult, json=body)
 
@@ -223,18 +190,21 @@ class HttpMemoryBackend:
         include_archived: bool = False,
         fusion: FusionName | None = None,
     ) -> RetrieveResponse:
-        body = {
-            "query": query,
-            "user_id": user_id,
-            "scope": scope,
-            "top_k": top_k,
-            "token_budget": token_budget,
-            "min_score": min_score,
-            "after": after,
-            "include_archived": include_archived,
-            "fusion": fusion,
-        }
-        return await self._call("POST", "retrieve", RetrieveResponse, json=body)
+        request = RetrieveRequest(
+            query=query,
+            user_id=user_id,
+            scope=scope,
+            top_k=top_k,
+            token_budget=token_budget,
+            min_score=min_score,
+            after=after,
+            include_archived=include_archived,
+            fusion=fusion,
+        )
+        return await self.retrieve_request(request)
+
+    async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
+        return await self._call("POST", "retrieve", RetrieveResponse, json=request)
 
     async def history(
         self,
@@ -272,7 +242,7 @@ class HttpMemoryBackend:
         path: str,
         result: type[T],
         *,
-        json: Any = None,
+        json: msgspec.Struct | None = None,
         params: dict[str, Any] | None = None,
     ) -> T:
         try:
@@ -302,38 +272,7 @@ def _error_of(response: httpx.Response) -> PRMEError:
         kind, detail = body.error, body.detail
     except msgspec.DecodeError:
         kind, detail = "", response.text[:500] or response.reason_phrase
-    error_type = ERRORS.get(kind) or STATUS_ERRORS.get(response.status_code, PRMEError)
-    return error_type(f"{detail} (HTTP {response.status_code})")
-
-
-def _memory_body(draft: MessageDraft) -> dict[str, Any]:
-    body = {name: getattr(draft, name) for name in _DRAFT_FIELDS if name != "owner"}
-    body["user_id"] = draft.owner
-    return body
-
-
-def _history_body(
-    user_id: str,
-    session_id: str,
-    scope: str,
-    drafts: Sequence[MessageDraft],
-    wait: bool,
-    mismatch: str,
-) -> dict[str, Any]:
-    for draft in drafts:
-        if (draft.owner, draft.session_id, draft.scope) != (user_id, session_id, scope):
-            raise InvalidInput(mismatch)
-    messages = [
-        {name: getattr(d, name) for name in _DRAFT_FIELDS if name not in _HISTORY_ENVELOPE}
-        for d in drafts
-    ]
-    return {
-        "user_id": user_id,
-        "session_id": session_id,
-        "scope": scope,
-        "messages": messages,
-        "wait": wait,
-    }
+    return error_of(kind, response.status_code, detail)
 
 
 def _segment(value: str) -> str:

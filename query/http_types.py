@@ -1,14 +1,17 @@
-"""The HTTP wire types: request bodies (strict, unknown fields refused) and the replies
-that are not already engine types. Shared by the service and ``HttpMemoryBackend``."""
+"""The API types: request bodies (strict, unknown fields refused) and the replies that are
+not already engine types. ``HttpMemoryBackend`` encodes the same Structs the service
+decodes, and the engine takes ``RetrieveRequest`` as is: each parameter and its default is
+declared here once."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import msgspec
 
-from prme.producers.producer import MessageDraft
+from prme.producers.producer import MessageDraft, check_history
 from prme.producers.transport import Position
 from prme.schemas.errors import InvalidInput
 from prme.schemas.records import Role
@@ -35,6 +38,10 @@ class HistoryMessageIn(_Body, frozen=True, kw_only=True):
     occurred_at: datetime | None = None
     request_id: str | None = None
 
+    @classmethod
+    def of(cls, draft: MessageDraft) -> HistoryMessageIn:
+        return cls(**{name: getattr(draft, name) for name in _MESSAGE_FIELDS})
+
 
 class MemoryIn(HistoryMessageIn, frozen=True, kw_only=True):
     """One memory to store: a message with its owner, session and scope."""
@@ -43,12 +50,18 @@ class MemoryIn(HistoryMessageIn, frozen=True, kw_only=True):
     session_id: str = "default"
     scope: str = "default"
 
+    @classmethod
+    def of_draft(cls, draft: MessageDraft) -> MemoryIn:
+        fields = {name: getattr(draft, name) for name in _DRAFT_FIELDS if name != "owner"}
+        return cls(user_id=draft.owner, **fields)
+
     def draft(self) -> MessageDraft:
         fields = {name: getattr(self, name) for name in _DRAFT_FIELDS if name != "owner"}
         return MessageDraft(owner=self.user_id, **fields)
 
 
 _DRAFT_FIELDS = tuple(f.name for f in msgspec.structs.fields(MessageDraft))
+_MESSAGE_FIELDS = tuple(f.name for f in msgspec.structs.fields(HistoryMessageIn))
 
 
 class StoreRequest(MemoryIn, frozen=True, kw_only=True):
@@ -69,6 +82,25 @@ class HistoryWriteRequest(_Body, frozen=True, kw_only=True):
     messages: list[HistoryMessageIn]
     scope: str = "default"
     wait: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        user_id: str,
+        session_id: str,
+        drafts: Sequence[MessageDraft],
+        *,
+        scope: str,
+        wait: bool,
+        mismatch: str,
+    ) -> HistoryWriteRequest:
+        """The request for ``drafts`` (InvalidInput(``mismatch``) if one is of another
+        history)."""
+        check_history(user_id, session_id, scope, drafts, mismatch)
+        messages = [HistoryMessageIn.of(d) for d in drafts]
+        return cls(
+            user_id=user_id, session_id=session_id, messages=messages, scope=scope, wait=wait
+        )
 
     def drafts(self) -> list[MessageDraft]:
         return [

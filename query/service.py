@@ -22,21 +22,12 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from prme.schemas.config import Settings
-from prme.schemas.errors import (
-    ConfigurationError,
-    ConsistencyTimeout,
-    EmbeddingMismatch,
-    Forbidden,
-    InvalidInput,
-    NotFound,
-    PRMEError,
-    ShardUnavailable,
-    TransportError,
-)
+from prme.schemas.errors import InvalidInput, PRMEError, ShardUnavailable
 from prme.schemas.records import Message
 
-from .auth import ApiKeys, Caller, Unauthenticated
+from .auth import ApiKeys, Caller
 from .engine import MemoryEngine
+from .http_errors import HTTP_KINDS, status_of
 from .http_types import (
     ArchiveRequest,
     ClearHistoryRequest,
@@ -57,28 +48,6 @@ from .types import EventView, StoreResult
 
 T = TypeVar("T", bound=msgspec.Struct)
 log = logging.getLogger(__name__)
-
-# Most specific first: the first matching class gives the status and the error kind.
-ERROR_STATUS: list[tuple[type[PRMEError], int, str]] = [
-    (Unauthenticated, 401, "unauthenticated"),
-    (Forbidden, 403, "forbidden"),
-    (NotFound, 404, "not_found"),
-    (InvalidInput, 400, "invalid_input"),
-    (ConsistencyTimeout, 504, "consistency_timeout"),
-    (ShardUnavailable, 503, "shard_unavailable"),
-    (TransportError, 503, "transport_unavailable"),
-    (EmbeddingMismatch, 409, "embedding_mismatch"),
-    (ConfigurationError, 500, "configuration_error"),
-]
-HTTP_KINDS = {
-    400: "invalid_input",
-    401: "unauthenticated",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-}
 
 
 class StrictBody(MsgspecDTO[T], Generic[T]):
@@ -285,17 +254,7 @@ async def retrieve(
     data: JSONBody[RetrieveRequest], engine: EngineDep, caller: CallerDep
 ) -> RetrieveReply:
     caller.authorize(data.user_id)
-    response = await engine.retrieve(
-        data.query,
-        data.user_id,
-        scope=data.scope,
-        top_k=data.top_k,
-        token_budget=data.token_budget,
-        min_score=data.min_score,
-        after=data.after,
-        include_archived=data.include_archived,
-        fusion=data.fusion,
-    )
+    response = await engine.retrieve_request(data)
     bundle = RenderedBundle(
         **msgspec.structs.asdict(response.bundle), text=response.bundle.render()
     )
@@ -348,11 +307,12 @@ def _error(status: int, kind: str, detail: str) -> Response[ErrorBody]:
 
 
 def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
-    for error_type, status, kind in ERROR_STATUS:
-        if isinstance(error, error_type):
-            if status >= 500:
-                log.warning("request failed: %s", error)
-            return _error(status, kind, str(error))
+    known = status_of(error) if isinstance(error, PRMEError) else None
+    if known is not None:
+        status, kind = known
+        if status >= 500:
+            log.warning("request failed: %s", error)
+        return _error(status, kind, str(error))
     log.exception("unexpected PRME error", exc_info=error)
     return _error(500, "internal", str(error))
 

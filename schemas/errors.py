@@ -35,6 +35,10 @@ class Forbidden(PRMEError, PermissionError):
     """The caller may not act on another owner's data."""
 
 
+class Unauthenticated(Forbidden):
+    """No API key, or an unknown one (HTTP 401)."""
+
+
 class ConsistencyTimeout(PRMEError, TimeoutError):
     """A read waited for a consistency token longer than its deadline."""
 
