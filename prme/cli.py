@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from prme.projectors.model import MODEL_NAMES
+from prme.projectors.registry import MODEL_NAMES
 from prme.schemas.config import Settings
 
 

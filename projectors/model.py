@@ -18,8 +18,8 @@ from prme.schemas.records import AnyRecord
 
 NodeType = Literal["note", "fact", "decision", "preference", "task"]
 NodeState = Literal["active", "archived", "superseded"]
-ModelName = Literal["vector", "lexical", "graph", "history", "events"]
-MODEL_NAMES: tuple[ModelName, ...] = ("vector", "lexical", "graph", "history", "events")
+ModelName = str
+"""A read model's name, as registered in ``registry.READ_MODELS``."""
 
 
 class MemoryNode(msgspec.Struct, frozen=True, kw_only=True):

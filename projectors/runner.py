@@ -20,8 +20,9 @@ from .dead_letters import send_dead_letter
 from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
 from .embeddings.validation import identity_of
 from .embeddings.vector_cache import VectorCache, embed_with_cache
-from .model import MODEL_NAMES, ModelName
-from .shard import Shard, open_model, replace_model_directory, shard_directory
+from .model import ModelName
+from .registry import MODEL_NAMES, read_models
+from .shard import Shard, replace_model_directory, shard_directory
 
 GROUP = "prme-projectors"
 _log = logging.getLogger("prme.projector")
@@ -260,6 +261,7 @@ class ProjectorRunner:
         """Replay the log into fresh model directories beside the live ones, then swap
         them in once caught up (blue/green). Queries keep using the old models meanwhile.
         Returns, per partition, how many records were replayed."""
+        read_models(models)  # an unknown name fails here, before anything is replayed
         replayed: dict[int, int] = {}
         ends = await self.transport.end_offsets()
         for partition, shard in list(self.shards.items()):
@@ -300,17 +302,10 @@ class ProjectorRunner:
 
     async def _swap(self, shard: Shard, staging: Path, models: Sequence[ModelName]) -> None:
         def _swap_models() -> None:
-            for name in models:
-                shard.models.pop(name).close()
-                replace_model_directory(shard.directory / name, staging / name)
-                shard.models[name] = open_model(
-                    name,
-                    shard.directory,
-                    shard.partition,
-                    self.settings,
-                    self.identity,
-                    self.vectors,
-                )
+            for spec in read_models(models):
+                shard.models.pop(spec.name).close()
+                replace_model_directory(shard.directory / spec.name, staging / spec.name)
+                shard.models[spec.name] = shard.open_model(spec)
 
         await shard.run(_swap_models)
         shutil.rmtree(staging, ignore_errors=True)

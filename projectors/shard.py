@@ -23,11 +23,8 @@ from .backends import VectorBackend
 from .dead_letters import DeadLetter
 from .derive import derive_node, embedding_text
 from .embeddings.protocol import EmbeddingIdentity
-from .model import MODEL_NAMES, ModelName, ProjectedRecord, ReadModel
-from .stores.events import EventsModel
-from .stores.graph import GraphModel
-from .stores.history import HistoryModel
-from .stores.lexical import LexicalModel
+from .model import ModelName, ProjectedRecord, ReadModel
+from .registry import MODEL_NAMES, ModelContext, ReadModelSpec, open_read_model, read_models
 
 T = TypeVar("T")
 
@@ -42,28 +39,6 @@ VectorEncoder = Callable[[list[str]], Any]
 
 def shard_directory(data_dir: Path, partition: int) -> Path:
     return data_dir / "shards" / f"p{partition}"
-
-
-def open_model(
-    name: ModelName,
-    directory: Path,
-    partition: int,
-    settings: Settings,
-    identity: EmbeddingIdentity,
-    vectors: VectorBackend,
-) -> ReadModel:
-    """Open read model ``name`` of a shard in ``directory/<name>``."""
-    path = directory / name
-    path.mkdir(parents=True, exist_ok=True)
-    if name == "vector":
-        return vectors.open(path, partition, identity)
-    if name == "lexical":
-        return LexicalModel(path, settings.lexical)
-    if name == "graph":
-        return GraphModel(path / "graph.sqlite3")
-    if name == "history":
-        return HistoryModel(path / "history.sqlite3")
-    return EventsModel(path / "events.sqlite3", partition)
 
 
 class Shard:
@@ -88,7 +63,7 @@ class Shard:
         self._vectors = vectors or VectorBackend.from_settings(settings)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"prme-p{partition}")
         self.models: dict[ModelName, ReadModel] = {}
-        self._model_names = tuple(models)
+        self._specs = read_models(models)
         self.position = -1
         """The last offset this shard has processed (applied or dead-lettered)."""
 
@@ -104,18 +79,22 @@ class Shard:
             return
 
         def _open() -> None:
-            for name in self._model_names:
-                self.models[name] = open_model(
-                    name,
-                    self.directory,
-                    self.partition,
-                    self._settings,
-                    self._identity,
-                    self._vectors,
-                )
+            for spec in self._specs:
+                self.models[spec.name] = self.open_model(spec)
 
         await self.run(_open)
         self.position = self.applied_offset()
+
+    def open_model(self, spec: ReadModelSpec) -> ReadModel:
+        """Open ``spec``'s model in ``<directory>/<name>`` (call on the shard's thread)."""
+        context = ModelContext(
+            directory=self.directory / spec.name,
+            partition=self.partition,
+            settings=self._settings,
+            identity=self._identity,
+            vectors=self._vectors,
+        )
+        return open_read_model(spec, context)
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """Run ``function`` on the shard's thread."""

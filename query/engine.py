@@ -25,7 +25,8 @@ from prme.projectors.embeddings.cached import CachedEmbeddingProvider
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
 from prme.projectors.embeddings.model_assets import default_model_dir
 from prme.projectors.embeddings.protocol import EmbeddingProvider
-from prme.projectors.model import MODEL_NAMES, ModelName
+from prme.projectors.model import ModelName
+from prme.projectors.registry import MODEL_NAMES
 from prme.projectors.runner import ProjectorRunner
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, NotFound

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from benchmarks import ingest_throughput, projection, retrieve_latency
-from prme.projectors.model import MODEL_NAMES
+from prme.projectors.registry import MODEL_NAMES
 
 
 def run(main: Any, tmp_path: Path, *args: str) -> dict[str, Any]:
