@@ -1,4 +1,4 @@
-"""The ``prme`` command line: ingest, audit, models, project, rebuild, serve."""
+"""The ``prme`` command line: ingest, audit, models, project, rebuild, serve, mcp."""
 
 from __future__ import annotations
 
@@ -131,6 +131,41 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    from prme.schemas.errors import ConfigurationError
+
+    settings = _settings(args)
+    mcp: dict[str, Any] = {}
+    for option in ("user_id", "url", "host", "port", "path"):
+        if getattr(args, option) is not None:
+            mcp[option] = getattr(args, option)
+    if mcp:
+        settings = settings.replace(mcp=mcp)
+    try:
+        if settings.mcp.url and args.data_dir:
+            raise ConfigurationError("give --url (a running prme serve) or --data-dir, not both")
+        from prme.adapters import mcp_server
+
+        if args.http:
+            serve = mcp_server.serve_http(
+                settings, log_level=args.log_level, on_ready=mcp_server.announce
+            )
+            asyncio.run(serve)
+        else:
+            asyncio.run(mcp_server.serve_stdio(settings))
+    except ConfigurationError as error:
+        print(f"prme mcp: {error}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        if error.name != "mcp" and not (error.name or "").startswith("mcp."):
+            raise
+        print('prme mcp: the MCP SDK is missing: pip install "prme[mcp]"', file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
 async def _project(settings: Settings) -> None:
     from prme.producers.factory import open_dead_letters, open_transport
     from prme.projectors.runner import ProjectorRunner
@@ -247,6 +282,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_log_options(serve)
     serve.set_defaults(run=_serve)
+
+    mcp = commands.add_parser(
+        "mcp", help="run an MCP server: stdio, or streamable HTTP with --http (docs/MCP.md)"
+    )
+    mcp.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
+    mcp.add_argument("--user-id", help="the one owner this server acts for (PRME_MCP__USER_ID)")
+    mcp.add_argument(
+        "--url", help="front a running prme serve (PRME_MCP__URL; key: PRME_MCP__API_KEY)"
+    )
+    mcp.add_argument("--host", help="--http bind address (PRME_MCP__HOST, default 127.0.0.1)")
+    mcp.add_argument("--port", type=int, help="--http port (PRME_MCP__PORT, default 8766; 0: any)")
+    mcp.add_argument("--path", help="--http endpoint path (PRME_MCP__PATH, default /mcp)")
+    mcp.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    _add_log_options(mcp)
+    mcp.set_defaults(run=_mcp)
     return parser
 
 

@@ -101,6 +101,22 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """API key -> owner it may act for; the owner ``*`` marks an admin key."""
 
 
+class McpSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``prme mcp``: the MCP server (docs/MCP.md). Its API keys are ``service.api_keys``."""
+
+    user_id: str | None = None
+    """The one owner this server acts for; tools then never take the owner from the model."""
+    url: str | None = None
+    """A running ``prme serve`` to front instead of opening ``data_dir``."""
+    api_key: str | None = None
+    """The key sent to ``url`` (never on the command line: it would show in ``ps``)."""
+    host: str = "127.0.0.1"
+    port: int = 8766
+    path: str = "/mcp"
+    receipts: int = 256
+    """Recall receipts kept in memory for ``prme://receipts/{id}`` (oldest dropped first)."""
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_dir: str = "./memory"
     models_dir: str | None = None
@@ -112,6 +128,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     qdrant: QdrantSettings = QdrantSettings()
     limits: LimitsSettings = LimitsSettings()
     service: ServiceSettings = ServiceSettings()
+    mcp: McpSettings = McpSettings()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
