@@ -1,0 +1,274 @@
+"""``prme mcp`` as an MCP client meets it: a subprocess over stdio or streamable HTTP, driven
+by the official SDK's ``ClientSession``, on the real default embedding model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import msgspec
+import pytest
+from mcp import ClientSession
+from mcp.shared.exceptions import MCPError
+
+from prme.cli import main
+from prme.query.client import AsyncMemoryClient
+from prme.query.http_types import RetrieveRequest, StoreRequest
+
+from .mcp_harness import (
+    clean_env,
+    http_session,
+    mcp_http,
+    prme_serve,
+    records_of,
+    stdio_session,
+)
+
+pytestmark = pytest.mark.model
+
+TOOLS = {"remember", "recall", "history", "forget_message", "archive_memory"}
+BOUND_S = 300  # every test finishes well inside this, or fails
+KEYS = {"sk-alice": "alice", "sk-bob": "bob", "sk-admin": "*"}
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+async def call_ok(session: ClientSession, tool: str, arguments: dict[str, Any]) -> Any:
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, text_of(result)
+    return result.structured_content
+
+
+async def remember_then_recall(session: ClientSession, **owner: str) -> None:
+    """The write is recalled at once (read-your-writes), and its receipt says how."""
+    stored = await call_ok(
+        session,
+        "remember",
+        {"content": "My sister Lena lives in Lisbon", "session_id": "trip", **owner},
+    )
+    recalled = await call_ok(
+        session, "recall", {"query": "Where does my sister live?", "top_k": 3, **owner}
+    )
+    assert recalled["results"][0]["node_id"] == stored["node_ids"][0]
+    assert "My sister Lena lives in Lisbon" in recalled["text"]
+    receipt = await session.read_resource(recalled["receipt_uri"])
+    body = json.loads(receipt.contents[0].text)
+    assert body["request_id"] == recalled["receipt_id"]
+    assert body["results"][0]["node_id"] == stored["node_ids"][0]
+    assert {channel["name"] for channel in body["channels"]} >= {"vector", "lexical"}
+
+
+async def test_stdio_tools_have_valid_schemas_from_the_http_types(tmp_path: Path) -> None:
+    async with asyncio.timeout(BOUND_S):
+        async with stdio_session(
+            "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
+        ) as session:
+            listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+    assert set(listed) == TOOLS
+    for tool in listed.values():
+        for schema in (tool.input_schema, tool.output_schema):
+            jsonschema.Draft202012Validator.check_schema(schema)
+            assert schema["type"] == "object" and "$ref" not in json.dumps(schema)
+        assert tool.input_schema["additionalProperties"] is False
+        # No --user-id and no key: the local user must name the owner.
+        assert "user_id" in tool.input_schema["required"]
+        assert tool.description
+    # The same fields as the HTTP bodies, minus what a tool decides itself.
+    store_fields = {f.name for f in msgspec.structs.fields(StoreRequest)}
+    assert set(listed["remember"].input_schema["properties"]) == store_fields - {"wait", "fields"}
+    retrieve_fields = {f.name for f in msgspec.structs.fields(RetrieveRequest)}
+    assert set(listed["recall"].input_schema["properties"]) == retrieve_fields - {"after"}
+    validator = jsonschema.Draft202012Validator(listed["recall"].input_schema)
+    assert validator.is_valid({"query": "x", "user_id": "a", "top_k": 3, "fusion": "rrf"})
+    assert not validator.is_valid({"query": "x", "user_id": "a", "top_k": "3"})
+    assert not validator.is_valid({"query": "x", "user_id": "a", "colour": "red"})
+    # Each says what it writes.
+    assert "Writes nothing" in listed["recall"].description
+    assert "Writes nothing" in listed["history"].description
+    assert "`message` record" in listed["remember"].description
+    assert "`message_deleted`" in listed["forget_message"].description
+    assert "`node_archived`" in listed["archive_memory"].description
+    assert listed["recall"].annotations.read_only_hint is True
+    assert listed["forget_message"].annotations.destructive_hint is True
+
+
+async def test_stdio_reads_its_writes_and_serves_history_and_receipts(tmp_path: Path) -> None:
+    async with asyncio.timeout(BOUND_S):
+        async with stdio_session(
+            "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
+        ) as session:
+            await remember_then_recall(session, user_id="alice")
+            said = await call_ok(
+                session,
+                "remember",
+                {"user_id": "alice", "session_id": "trip", "content": "Book the 9:40 train"},
+            )
+            history = await call_ok(session, "history", {"user_id": "alice", "session_id": "trip"})
+            assert [m["content"] for m in history["messages"]] == [
+                "My sister Lena lives in Lisbon",
+                "Book the 9:40 train",
+            ]
+            resource = await session.read_resource("prme://history/alice/trip")
+            assert [m["content"] for m in json.loads(resource.contents[0].text)] == [
+                "My sister Lena lives in Lisbon",
+                "Book the 9:40 train",
+            ]
+            templates = (await session.list_resource_templates()).resource_templates
+            assert {t.uri_template for t in templates} == {
+                "prme://history/{user_id}/{session_id}{?scope}",
+                "prme://receipts/{request_id}",
+            }
+
+            await call_ok(
+                session, "forget_message", {"user_id": "alice", "event_id": said["event_id"]}
+            )
+            history = await call_ok(session, "history", {"user_id": "alice", "session_id": "trip"})
+            assert [m["content"] for m in history["messages"]] == ["My sister Lena lives in Lisbon"]
+            # Forgetting the message leaves its memory recallable until it is archived.
+            query = {"user_id": "alice", "query": "which train to book", "top_k": 5}
+            found = await call_ok(session, "recall", query)
+            assert said["node_ids"][0] in [r["node_id"] for r in found["results"]]
+            await call_ok(
+                session,
+                "archive_memory",
+                {"user_id": "alice", "node_id": said["node_ids"][0], "reason": "cancelled"},
+            )
+            found = await call_ok(session, "recall", query)
+            assert said["node_ids"][0] not in [r["node_id"] for r in found["results"]]
+
+
+async def test_stdio_bad_arguments_name_the_field_and_write_nothing(tmp_path: Path) -> None:
+    cases = [
+        ("remember", {"user_id": "alice", "content": 42}, "$.content"),
+        ("remember", {"user_id": "alice", "content": "x", "role": "robot"}, "$.role"),
+        ("remember", {"user_id": "alice", "content": "x", "colour": "red"}, "colour"),
+        ("remember", {"user_id": "alice", "content": "x", "wait": False}, "$.wait"),
+        ("remember", {"user_id": "alice"}, "content"),
+        ("remember", {"content": "no owner"}, "user_id"),
+        ("remember", {"user_id": 7, "content": "x"}, "$.user_id"),
+        ("recall", {"user_id": "alice", "query": "x", "top_k": "3"}, "$.top_k"),
+        ("recall", {"user_id": "alice", "query": "x", "fusion": "best"}, "$.fusion"),
+        ("history", {"user_id": "alice", "limit": 0}, "$.limit"),
+        ("archive_memory", {"user_id": "alice"}, "node_id"),
+        ("forget_message", {"user_id": "alice", "event_id": "nope"}, "nope"),
+    ]
+    async with asyncio.timeout(BOUND_S):
+        async with stdio_session(
+            "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
+        ) as session:
+            for tool, arguments, field in cases:
+                result = await session.call_tool(tool, arguments)
+                assert result.is_error, (tool, arguments)
+                assert field in text_of(result), (tool, arguments, text_of(result))
+                assert result.structured_content["error"] in {"invalid_input", "not_found"}
+            history = await call_ok(session, "history", {"user_id": "alice"})
+            assert history["messages"] == []
+    assert await records_of(tmp_path, "alice") == []
+
+
+async def test_stdio_user_id_option_pins_the_owner(tmp_path: Path) -> None:
+    pack = ["--data-dir", str(tmp_path)]
+    async with asyncio.timeout(BOUND_S):
+        async with stdio_session(
+            *pack, "--user-id", "alice", errlog=tmp_path / "mcp.stderr"
+        ) as session:
+            tools = (await session.list_tools()).tools
+            assert all("user_id" not in t.input_schema.get("required", []) for t in tools)
+            await remember_then_recall(session)
+            refused = await session.call_tool("recall", {"query": "sister", "user_id": "bob"})
+            assert refused.is_error and refused.structured_content["error"] == "forbidden"
+            assert "alice" in text_of(refused) and "results" not in refused.structured_content
+            with pytest.raises(MCPError, match="forbidden"):
+                await session.read_resource("prme://history/bob/trip")
+    assert [row.record.owner for row in await records_of(tmp_path, "alice")] == ["alice"]
+    assert await records_of(tmp_path, "bob") == []
+
+
+async def test_http_keys_bind_each_caller_to_its_owner(tmp_path: Path) -> None:
+    env = clean_env(PRME_SERVICE__API_KEYS=json.dumps(KEYS))
+    async with asyncio.timeout(BOUND_S):
+        with mcp_http(tmp_path, env=env) as url:
+            # No key, or an unknown one: 401 before any MCP message is read.
+            for headers in ({}, {"Authorization": "Bearer sk-nobody"}):
+                response = httpx.post(url, json={}, headers=headers, timeout=30)
+                assert response.status_code == 401
+                assert response.json()["error"] == "unauthenticated"
+
+            async with http_session(url, "sk-bob") as bob:
+                await call_ok(bob, "remember", {"content": "The vault code is 4512"})
+                bob_recall = await call_ok(bob, "recall", {"query": "vault code"})
+
+            async with http_session(url, "sk-alice") as alice:
+                tools = (await alice.list_tools()).tools
+                assert all("user_id" not in t.input_schema.get("required", []) for t in tools)
+                await remember_then_recall(alice)
+                own = await call_ok(alice, "recall", {"query": "vault code"})
+                assert "4512" not in own["text"]
+                assert all(r["owner"] == "alice" for r in own["results"])
+                for tool, arguments in [
+                    ("recall", {"query": "vault code", "user_id": "bob"}),
+                    ("remember", {"content": "planted", "user_id": "bob"}),
+                    ("history", {"user_id": "bob"}),
+                ]:
+                    refused = await alice.call_tool(tool, arguments)
+                    assert refused.is_error, tool
+                    assert refused.structured_content["error"] == "forbidden"
+                    assert "4512" not in text_of(refused)
+                for uri in ("prme://history/bob/default", bob_recall["receipt_uri"]):
+                    with pytest.raises(MCPError, match="forbidden"):
+                        await alice.read_resource(uri)
+                listed = (await alice.list_resources()).resources
+                assert bob_recall["receipt_uri"] not in [str(r.uri) for r in listed]
+
+            async with http_session(url, "sk-admin") as admin:
+                tools = (await admin.list_tools()).tools
+                assert all("user_id" in t.input_schema["required"] for t in tools)
+                seen = await call_ok(admin, "recall", {"query": "vault code", "user_id": "bob"})
+                assert "4512" in seen["text"]
+    assert [row.record.content for row in await records_of(tmp_path, "bob")] == [
+        "The vault code is 4512"
+    ]
+
+
+async def test_http_without_keys_reads_its_writes_on_loopback(tmp_path: Path) -> None:
+    async with asyncio.timeout(BOUND_S):
+        with mcp_http(tmp_path, "--user-id", "alice", env=clean_env()) as url:
+            async with http_session(url, None) as session:
+                await remember_then_recall(session)
+
+
+def test_http_refuses_to_listen_beyond_loopback_without_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PRME_SERVICE__API_KEYS", raising=False)
+    code = main(["mcp", "--http", "--host", "0.0.0.0", "--data-dir", str(tmp_path / "pack")])
+    assert code == 2
+    assert "refusing to serve on 0.0.0.0 without API keys" in capsys.readouterr().err
+    assert not (tmp_path / "pack").exists()
+
+
+async def test_in_front_of_a_running_service(tmp_path: Path) -> None:
+    service_env = clean_env(PRME_SERVICE__API_KEYS=json.dumps({"sk-svc-alice": "alice"}))
+    async with asyncio.timeout(BOUND_S):
+        with prme_serve(tmp_path / "pack", service_env) as service:
+            env = clean_env(PRME_MCP__API_KEY="sk-svc-alice")
+            front = ["--url", service, "--user-id", "alice"]
+            async with stdio_session(*front, env=env, errlog=tmp_path / "mcp.stderr") as session:
+                await remember_then_recall(session)
+                refused = await session.call_tool("recall", {"query": "x", "user_id": "bob"})
+                assert refused.is_error and refused.structured_content["error"] == "forbidden"
+            # The memory is the service's: its own client reads it back.
+            async with AsyncMemoryClient(url=service, api_key="sk-svc-alice") as client:
+                history = await client.history("alice", "trip")
+            assert [m.content for m in history] == ["My sister Lena lives in Lisbon"]
+            # An MCP server pinned to bob with alice's service key: the service refuses.
+            wrong = ["--url", service, "--user-id", "bob"]
+            async with stdio_session(*wrong, env=env, errlog=tmp_path / "mcp.stderr") as session:
+                refused = await session.call_tool("remember", {"content": "x"})
+                assert refused.is_error and refused.structured_content["error"] == "forbidden"
