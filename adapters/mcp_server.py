@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -236,12 +237,32 @@ async def open_client(
 async def serve_stdio(
     settings: Settings, *, embedding_provider: EmbeddingProvider | None = None
 ) -> None:
-    """Serve MCP over this process's stdin/stdout until stdin closes."""
-    # The client opens after stdio_server() took fd 1 over: stray prints go to stderr.
-    async with stdio_server() as (read, write), open_client(settings, embedding_provider) as client:
+    """Serve MCP over this process's stdin/stdout until stdin closes.
+
+    The pack opens first, so a pack held by another process fails here, before the
+    handshake, with PRME's own error."""
+    async with contextlib.AsyncExitStack() as stack:
+        with _stdout_on_stderr():
+            client = await stack.enter_async_context(open_client(settings, embedding_provider))
+        read, write = await stack.enter_async_context(stdio_server())
         app = PrmeMcp(client, settings, transport="stdio")
         with anyio.CancelScope() as scope, _on_signals(scope.cancel):
             await app.server.run(read, write, app.server.create_initialization_options())
+
+
+@contextlib.contextmanager
+def _stdout_on_stderr() -> Iterator[None]:
+    """fd 1 is the MCP wire: until stdio_server() takes it over, writes to it (from Python
+    or a native library) go to stderr."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 async def serve_http(

@@ -132,7 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    from prme.schemas.errors import ConfigurationError
+    from prme.schemas.errors import ConfigurationError, PRMEError, ShardUnavailable
 
     settings = _settings(args)
     mcp: dict[str, Any] = {}
@@ -153,8 +153,16 @@ def _mcp(args: argparse.Namespace) -> int:
             asyncio.run(serve)
         else:
             asyncio.run(mcp_server.serve_stdio(settings))
-    except ConfigurationError as error:
+    except PRMEError as error:
+        # Raised while starting (tool calls answer their own errors): a pack held by
+        # another process, a service that refuses the key, bad settings.
         print(f"prme mcp: {error}", file=sys.stderr)
+        if isinstance(error, ShardUnavailable) and not settings.mcp.url:
+            print(
+                "prme mcp: a pack is opened by one process; to share it, run `prme serve` "
+                "on it and start `prme mcp --url http://127.0.0.1:8765` (docs/MCP.md)",
+                file=sys.stderr,
+            )
         return 2
     except ModuleNotFoundError as error:
         if error.name != "mcp" and not (error.name or "").startswith("mcp."):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -272,3 +274,24 @@ async def test_in_front_of_a_running_service(tmp_path: Path) -> None:
             async with stdio_session(*wrong, env=env, errlog=tmp_path / "mcp.stderr") as session:
                 refused = await session.call_tool("remember", {"content": "x"})
                 assert refused.is_error and refused.structured_content["error"] == "forbidden"
+
+
+async def test_a_pack_held_by_another_server_fails_at_start_with_advice(tmp_path: Path) -> None:
+    async with asyncio.timeout(BOUND_S):
+        with mcp_http(tmp_path, "--user-id", "alice", env=clean_env()) as url:
+            async with http_session(url, None) as session:
+                await call_ok(session, "remember", {"content": "the pack now has shards"})
+            second = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "prme.cli", "mcp", "--data-dir", str(tmp_path)],
+                env=clean_env(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+    assert second.returncode == 2
+    assert second.stdout == ""  # nothing but MCP messages ever goes to stdout
+    assert "open in another process" in second.stderr
+    assert "prme mcp --url" in second.stderr
+    assert "Traceback" not in second.stderr
