@@ -295,3 +295,20 @@ async def test_a_pack_held_by_another_server_fails_at_start_with_advice(tmp_path
     assert "open in another process" in second.stderr
     assert "prme mcp --url" in second.stderr
     assert "Traceback" not in second.stderr
+
+
+def test_the_walk_through_example_runs_as_documented(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "mcp_client.py"
+    run = subprocess.run(
+        [sys.executable, str(example), str(tmp_path / "walk")],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "tools: remember, recall, history, forget_message, archive_memory"
+    assert "(user, trip) My sister Lena lives in Lisbon" in run.stdout
+    assert "history: user: My sister Lena lives in Lisbon" in lines
+    assert lines[-1] == "as bob: forbidden: this MCP server acts only for owner 'alice'"
