@@ -36,10 +36,17 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prme.projectors.embeddings.protocol import EmbeddingProvider
-from prme.query.auth import ADMIN, ApiKeys, Caller, Unauthenticated, check_bind_safety
+from prme.query.auth import ADMIN, ApiKeys, Caller, check_bind_safety
 from prme.query.client import AsyncMemoryClient
 from prme.schemas.config import Settings
-from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, NotFound, PRMEError
+from prme.schemas.errors import (
+    ConfigurationError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PRMEError,
+    Unauthenticated,
+)
 
 from .mcp_tools import HISTORY_URI, RECEIPT_URI, MemoryTools, OwnerPolicy, Receipts
 

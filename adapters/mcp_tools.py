@@ -19,8 +19,8 @@ import msgspec
 
 from prme.query.auth import Caller
 from prme.query.client import AsyncMemoryClient
+from prme.query.http_errors import status_of
 from prme.query.http_types import ArchiveRequest, ErrorBody, RetrieveRequest, StoreRequest
-from prme.query.service import ERROR_STATUS
 from prme.query.types import MemoryResult, Receipt, StoreResult
 from prme.schemas.errors import Forbidden, NotFound, PRMEError
 from prme.schemas.records import Message
@@ -86,10 +86,8 @@ class ToolFailure(Exception):
 
 def error_kind(error: PRMEError) -> str:
     """The same stable kind the HTTP service answers with (``forbidden``, ...)."""
-    for cls, _status, kind in ERROR_STATUS:
-        if isinstance(error, cls):
-            return kind
-    return "error"
+    known = status_of(error)
+    return known[1] if known is not None else "error"
 
 
 # -- who a call acts for -------------------------------------------------------------------
