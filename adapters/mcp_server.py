@@ -48,7 +48,8 @@ from prme.schemas.errors import (
     Unauthenticated,
 )
 
-from .mcp_tools import HISTORY_URI, RECEIPT_URI, MemoryTools, OwnerPolicy, Receipts
+from .mcp_access import OwnerPolicy, Receipts
+from .mcp_tools import HISTORY_URI, RECEIPT_URI, MemoryTools
 
 CALLER_KEY = "prme.caller"
 """Where :class:`ApiKeyGate` leaves the authenticated caller in the ASGI scope."""

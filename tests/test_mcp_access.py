@@ -1,0 +1,48 @@
+"""The MCP server's owner rules (docs/MCP.md, "Who a call acts for") and its schema
+derivation, without a subprocess."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from prme.adapters.mcp_access import OwnerPolicy
+from prme.adapters.mcp_schema import object_schema
+from prme.query.auth import ADMIN, Caller
+from prme.query.http_types import RetrieveRequest
+from prme.schemas.errors import Forbidden
+
+
+@pytest.mark.parametrize(
+    ("pinned", "caller", "implied", "allowed", "refused"),
+    [
+        ("alice", ADMIN, "alice", "alice", "bob"),  # --user-id, stdio or open HTTP
+        (None, "alice", "alice", "alice", "bob"),  # a key bound to alice
+        (None, ADMIN, None, "bob", None),  # admin key, or stdio without --user-id
+        ("alice", "bob", "alice", None, "alice"),  # bob's key on a server pinned to alice
+    ],
+)
+def test_the_owner_comes_from_the_server_or_the_key_never_the_model_alone(
+    pinned: str | None, caller: str, implied: str | None, allowed: str | None, refused: str | None
+) -> None:
+    policy, who = OwnerPolicy(pinned), Caller(caller)
+    assert policy.implied(who) == implied
+    if allowed is not None:
+        policy.check(who, allowed)
+    if refused is not None:
+        with pytest.raises(Forbidden):
+            policy.check(who, refused)
+
+
+def test_tool_schemas_inline_the_http_types_and_drop_what_the_tool_decides() -> None:
+    schema = object_schema(RetrieveRequest, drop=("fusion",), optional=("user_id",))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert "$ref" not in str(schema) and "$defs" not in schema
+    assert schema["required"] == ["query"] and "fusion" not in schema["properties"]
+    # The consistency token's own Struct is inlined where it is used.
+    token = schema["properties"]["after"]["anyOf"][0]
+    assert token["required"] == ["partition", "offset"]
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({"query": "x", "after": {"partition": 1, "offset": 2}})
+    assert not validator.is_valid({"query": "x", "after": {"partition": "1", "offset": 2}})
+    assert not validator.is_valid({"query": "x", "fusion": "rrf"})
