@@ -208,8 +208,18 @@ async def test_http_keys_bind_each_caller_to_its_owner(tmp_path: Path) -> None:
 
             async with http_session(url, "sk-alice") as alice:
                 tools = (await alice.list_tools()).tools
-                assert all("user_id" not in t.input_schema.get("required", []) for t in tools)
+                assert {t.name for t in tools} == TOOLS
+                for tool in tools:
+                    jsonschema.Draft202012Validator.check_schema(tool.input_schema)
+                    assert "user_id" not in tool.input_schema.get("required", [])
                 await remember_then_recall(alice)
+                for tool, arguments, field in [
+                    ("remember", {"content": 42}, "$.content"),
+                    ("recall", {"query": "x", "top_k": "3"}, "$.top_k"),
+                ]:
+                    bad = await alice.call_tool(tool, arguments)
+                    assert bad.is_error and bad.structured_content["error"] == "invalid_input"
+                    assert field in text_of(bad)
                 own = await call_ok(alice, "recall", {"query": "vault code"})
                 assert "4512" not in own["text"]
                 assert all(r["owner"] == "alice" for r in own["results"])
@@ -235,6 +245,9 @@ async def test_http_keys_bind_each_caller_to_its_owner(tmp_path: Path) -> None:
                 assert "4512" in seen["text"]
     assert [row.record.content for row in await records_of(tmp_path, "bob")] == [
         "The vault code is 4512"
+    ]
+    assert [row.record.content for row in await records_of(tmp_path, "alice")] == [
+        "My sister Lena lives in Lisbon"
     ]
 
 
