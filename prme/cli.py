@@ -165,7 +165,7 @@ def _mcp(args: argparse.Namespace) -> int:
             )
         return 2
     except ModuleNotFoundError as error:
-        if error.name != "mcp" and not (error.name or "").startswith("mcp."):
+        if (error.name or "").partition(".")[0] not in ("mcp", "mcp_types"):
             raise
         print('prme mcp: the MCP SDK is missing: pip install "prme[mcp]"', file=sys.stderr)
         return 2

@@ -3,11 +3,15 @@ derivation, without a subprocess."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import jsonschema
 import pytest
 
 from prme.adapters.mcp_access import OwnerPolicy
 from prme.adapters.mcp_schema import object_schema
+from prme.cli import main
 from prme.query.auth import ADMIN, Caller
 from prme.query.http_types import RetrieveRequest
 from prme.schemas.errors import Forbidden
@@ -46,3 +50,17 @@ def test_tool_schemas_inline_the_http_types_and_drop_what_the_tool_decides() -> 
     assert validator.is_valid({"query": "x", "after": {"partition": 1, "offset": 2}})
     assert not validator.is_valid({"query": "x", "after": {"partition": "1", "offset": 2}})
     assert not validator.is_valid({"query": "x", "fusion": "rrf"})
+
+
+def test_prme_mcp_without_the_sdk_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # As on an install without the [mcp] extra: the SDK's modules cannot be imported.
+    for name in [n for n in sys.modules if n.partition(".")[0] in ("mcp", "mcp_types")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "prme.adapters.mcp_server", raising=False)
+    monkeypatch.setitem(sys.modules, "mcp_types", None)
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    assert main(["mcp", "--data-dir", str(tmp_path / "pack")]) == 2
+    assert 'pip install "prme[mcp]"' in capsys.readouterr().err
+    assert not (tmp_path / "pack").exists()
