@@ -16,6 +16,7 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 from prme.schemas.records import Message
 
+from .backend import MemoryBackend
 from .engine import MemoryEngine
 from .fusion import FusionName
 from .types import EventView, RetrieveResponse, StoreResult
@@ -46,10 +47,10 @@ class AsyncMemoryClient:
         self._settings = settings
         self._provider = embedding_provider
         self._timeout_s = timeout_s
-        self._backend: Any = None
+        self._backend: MemoryBackend | None = None
         self._lock = asyncio.Lock()
 
-    async def _get(self) -> Any:
+    async def _get(self) -> MemoryBackend:
         async with self._lock:
             if self._backend is None:
                 if self._url is not None:
