@@ -17,7 +17,7 @@ import pytest
 
 from prme.producers.factory import open_transport
 from prme.producers.producer import MessageDraft, Producer
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.validation import identity_of
 from prme.projectors.shard import Shard, shard_directory
 from prme.schemas.config import Settings

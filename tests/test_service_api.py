@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.query.auth import Unauthenticated
 from prme.query.engine import MemoryEngine
 from prme.query.http_client import HttpMemoryBackend
