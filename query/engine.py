@@ -73,7 +73,7 @@ class MemoryEngine:
     ) -> Self:
         """Create a new pack in ``directory`` (refused if one is there)."""
         settings = _settings_for(directory, settings)
-        if load_pack_config(Path(settings.data_dir)) is not None:
+        if load_pack_config(settings.data_path) is not None:
             raise ConfigurationError(f"{settings.data_dir} already holds a PRME pack: use open()")
         return await cls._start(settings, embedding_provider)
 
@@ -88,13 +88,13 @@ class MemoryEngine:
     ) -> Self:
         """Open the pack in ``directory`` (created when missing and ``create_if_missing``)."""
         settings = _settings_for(directory, settings)
-        if load_pack_config(Path(settings.data_dir)) is None and not create_if_missing:
+        if load_pack_config(settings.data_path) is None and not create_if_missing:
             raise ConfigurationError(f"no PRME pack in {settings.data_dir}: use create()")
         return await cls._start(settings, embedding_provider)
 
     @classmethod
     async def _start(cls, settings: Settings, provider: EmbeddingProvider | None) -> Self:
-        data_dir = Path(settings.data_dir)
+        data_dir = settings.data_path
         saved = load_pack_config(data_dir)
         if provider is None:
             if saved is not None and saved.embedding.provider == "custom":
@@ -375,10 +375,10 @@ class MemoryEngine:
         """Blue/green rebuild of ``models`` from the log; see ProjectorRunner.rebuild."""
         replayed = await self.runner.rebuild(models)
         if "vector" in models:
-            saved = load_pack_config(Path(self.settings.data_dir))
+            saved = load_pack_config(self.settings.data_path)
             if saved is not None:
                 save_pack_config(
-                    Path(self.settings.data_dir),
+                    self.settings.data_path,
                     PackConfig(partitions=saved.partitions, embedding=self.embedding_config),
                 )
         return replayed
