@@ -3,20 +3,24 @@
 Two implementations pass one contract suite (``tests/backend_contract.py``): the embedded
 :class:`~prme.query.engine.MemoryEngine` and :class:`~prme.query.http_client.HttpMemoryBackend`
 (the HTTP service). Same methods, same signatures, same results, same exceptions.
+
+``store`` and ``retrieve`` are written here once, as Structs built from their keyword
+arguments; a backend subclasses the protocol and implements ``store_request`` and
+``retrieve_request`` (the same Structs the HTTP service decodes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
-from prme.schemas.records import Message
+from prme.schemas.records import Message, Role
 
 from .fusion import FusionName
-from .http_types import RetrieveRequest
+from .http_types import RetrieveRequest, StoreRequest
 from .types import EventView, RetrieveResponse, StoreResult
 
 
@@ -34,7 +38,23 @@ class MemoryBackend(Protocol):
         occurred_at: datetime | None = None,
         request_id: str | None = None,
         wait: bool = True,
-    ) -> StoreResult: ...
+    ) -> StoreResult:
+        """Append one memory; with ``wait`` (default) return once it is retrievable."""
+        request = StoreRequest(
+            user_id=user_id,
+            content=content,
+            session_id=session_id,
+            scope=scope,
+            role=cast(Role, role),  # the producer refuses an unknown role
+            name=name,
+            metadata=metadata or {},
+            occurred_at=occurred_at,
+            request_id=request_id,
+            wait=wait,
+        )
+        return await self.store_request(request)
+
+    async def store_request(self, request: StoreRequest) -> StoreResult: ...
 
     async def store_many(
         self, drafts: Sequence[MessageDraft], *, wait: bool = True
@@ -92,7 +112,19 @@ class MemoryBackend(Protocol):
         after: Position | None = None,
         include_archived: bool = False,
         fusion: FusionName | None = None,
-    ) -> RetrieveResponse: ...
+    ) -> RetrieveResponse:
+        request = RetrieveRequest(
+            query=query,
+            user_id=user_id,
+            scope=scope,
+            top_k=top_k,
+            token_budget=token_budget,
+            min_score=min_score,
+            after=after,
+            include_archived=include_archived,
+            fusion=fusion,
+        )
+        return await self.retrieve_request(request)
 
     async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse: ...
 

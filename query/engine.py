@@ -8,7 +8,6 @@ the topic and projects the partitions its consumer group assigns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -32,15 +31,15 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, NotFound
 from prme.schemas.records import Message, Record, memory_node_id
 
-from .fusion import FusionName
-from .http_types import RetrieveRequest
+from .backend import MemoryBackend
+from .http_types import RetrieveRequest, StoreRequest
 from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
 from .retrieve import Retriever
 from .tokens import TokenCounter
 from .types import EventView, RetrieveResponse, StoreResult
 
 
-class MemoryEngine:
+class MemoryEngine(MemoryBackend):
     """Use :meth:`create` or :meth:`open` (both async, both context managers)."""
 
     def __init__(
@@ -136,33 +135,8 @@ class MemoryEngine:
 
     # -- writing -----------------------------------------------------------------------
 
-    async def store(
-        self,
-        content: str | list[dict[str, Any]],
-        user_id: str,
-        *,
-        session_id: str = "default",
-        scope: str = "default",
-        role: str = "user",
-        name: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        occurred_at: datetime | None = None,
-        request_id: str | None = None,
-        wait: bool = True,
-    ) -> StoreResult:
-        """Append one memory; with ``wait`` (default) return once it is retrievable."""
-        draft = MessageDraft(
-            owner=user_id,
-            content=content,
-            role=role,
-            session_id=session_id,
-            scope=scope,
-            name=name,
-            metadata=metadata or {},
-            occurred_at=occurred_at,
-            request_id=request_id,
-        )
-        return (await self.store_many([draft], wait=wait))[0]
+    async def store_request(self, request: StoreRequest) -> StoreResult:
+        return (await self.store_many([request.draft()], wait=request.wait))[0]
 
     async def store_many(
         self, drafts: Sequence[MessageDraft], *, wait: bool = True
@@ -279,32 +253,6 @@ class MemoryEngine:
             latest[token.partition] = max(latest.get(token.partition, -1), token.offset)
         for partition, offset in latest.items():
             await self.runner.wait_applied(partition, offset, timeout)
-
-    async def retrieve(
-        self,
-        query: str,
-        user_id: str,
-        *,
-        scope: str | None = None,
-        top_k: int = 10,
-        token_budget: int = 4096,
-        min_score: float | None = None,
-        after: Position | None = None,
-        include_archived: bool = False,
-        fusion: FusionName | None = None,
-    ) -> RetrieveResponse:
-        request = RetrieveRequest(
-            query=query,
-            user_id=user_id,
-            scope=scope,
-            top_k=top_k,
-            token_budget=token_budget,
-            min_score=min_score,
-            after=after,
-            include_archived=include_archived,
-            fusion=fusion,
-        )
-        return await self.retrieve_request(request)
 
     async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
         """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""
