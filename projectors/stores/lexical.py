@@ -136,6 +136,9 @@ class LexicalModel:
         self._writer: tantivy.IndexWriter | None = self._index.writer(
             heap_size=WRITER_HEAP_BYTES, num_threads=1
         )
+        # A process killed mid-commit leaves files no meta.json names (such as the .del file
+        # of an uncommitted delete); replaying the same batch would collide with them.
+        self._writer.garbage_collect_files()
         self._windows = WindowStore(
             path / "windows.sqlite3",
             window_before=settings.window_before,
