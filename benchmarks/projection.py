@@ -43,8 +43,8 @@ from prme.producers.kafka_log import KafkaLogTransport
 from prme.producers.local_log import LocalLogTransport
 from prme.producers.producer import MessageDraft, Producer
 from prme.producers.transport import LogTransport
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.model_assets import ensure_default_model
 from prme.projectors.embeddings.protocol import EmbeddingProvider
 from prme.projectors.model import ProjectedRecord, ReadModel

@@ -44,8 +44,8 @@ from benchmarks.common import (
 )
 from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.model_assets import ensure_default_model
 from prme.query.engine import MemoryEngine
 from prme.query.http_client import HttpMemoryBackend

@@ -6,8 +6,6 @@ here and nowhere else; the engine, the CLI and the workers all open their logs t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prme.schemas.config import Settings
 
 from .transport import LogTransport
@@ -51,4 +49,4 @@ def _open_log(
         )
     from .local_log import LocalLogTransport
 
-    return LocalLogTransport(Path(settings.data_dir) / file_name, partitions)
+    return LocalLogTransport(settings.data_path / file_name, partitions)

@@ -1,6 +1,6 @@
 """The log transport seam: one async interface, implemented by ``local`` and ``kafka``.
 
-Both implementations pass ``tests/test_transport_contract.py``. Offsets are per partition
+Both implementations pass ``tests/transport_contract.py``. Offsets are per partition
 and start at 0; ``Position`` is also the consistency token a writer gets back.
 """
 

@@ -52,7 +52,7 @@ class ProjectorRunner:
         self._batch_size = batch_size
         self._owns_vectors = vectors is None
         self.vectors = vectors or VectorBackend.from_settings(settings)
-        self._data_dir = Path(settings.data_dir)
+        self._data_dir = settings.data_path
         self._vector_cache = VectorCache(self._data_dir / "vector_cache.sqlite3")
         self.shards: dict[int, Shard] = {}
         self._consumed: dict[int, int] = {}

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
 from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
@@ -16,14 +15,15 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 from prme.schemas.records import Message
 
+from .backend import MemoryBackend
 from .engine import MemoryEngine
-from .fusion import FusionName
+from .http_types import RetrieveRequest, StoreRequest
 from .types import EventView, RetrieveResponse, StoreResult
 
 T = TypeVar("T")
 
 
-class AsyncMemoryClient:
+class AsyncMemoryClient(MemoryBackend):
     """``AsyncMemoryClient("./memory")`` (embedded) or ``AsyncMemoryClient(url=, api_key=)``."""
 
     def __init__(
@@ -46,10 +46,10 @@ class AsyncMemoryClient:
         self._settings = settings
         self._provider = embedding_provider
         self._timeout_s = timeout_s
-        self._backend: Any = None
+        self._backend: MemoryBackend | None = None
         self._lock = asyncio.Lock()
 
-    async def _get(self) -> Any:
+    async def _get(self) -> MemoryBackend:
         async with self._lock:
             if self._backend is None:
                 if self._url is not None:
@@ -72,62 +72,16 @@ class AsyncMemoryClient:
         """The embedded engine once opened (None in service mode)."""
         return self._backend if isinstance(self._backend, MemoryEngine) else None
 
-    async def store(
-        self,
-        content: str | list[dict[str, Any]],
-        user_id: str,
-        *,
-        session_id: str = "default",
-        scope: str = "default",
-        role: str = "user",
-        name: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        occurred_at: datetime | None = None,
-        request_id: str | None = None,
-        wait: bool = True,
-    ) -> StoreResult:
-        return await (await self._get()).store(
-            content,
-            user_id,
-            session_id=session_id,
-            scope=scope,
-            role=role,
-            name=name,
-            metadata=metadata,
-            occurred_at=occurred_at,
-            request_id=request_id,
-            wait=wait,
-        )
+    async def store_request(self, request: StoreRequest) -> StoreResult:
+        return await (await self._get()).store_request(request)
 
     async def store_many(
         self, drafts: Sequence[MessageDraft], *, wait: bool = True
     ) -> list[StoreResult]:
         return await (await self._get()).store_many(drafts, wait=wait)
 
-    async def retrieve(
-        self,
-        query: str,
-        user_id: str,
-        *,
-        scope: str | None = None,
-        top_k: int = 10,
-        token_budget: int = 4096,
-        min_score: float | None = None,
-        after: Position | None = None,
-        include_archived: bool = False,
-        fusion: FusionName | None = None,
-    ) -> RetrieveResponse:
-        return await (await self._get()).retrieve(
-            query,
-            user_id,
-            scope=scope,
-            top_k=top_k,
-            token_budget=token_budget,
-            min_score=min_score,
-            after=after,
-            include_archived=include_archived,
-            fusion=fusion,
-        )
+    async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
+        return await (await self._get()).retrieve_request(request)
 
     async def history(
         self,

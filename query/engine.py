@@ -8,7 +8,6 @@ the topic and projects the partitions its consumer group assigns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -32,15 +31,15 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, NotFound
 from prme.schemas.records import Message, Record, memory_node_id
 
-from .fusion import FusionName
-from .http_types import RetrieveRequest
+from .backend import MemoryBackend
+from .http_types import RetrieveRequest, StoreRequest
 from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
 from .retrieve import Retriever
 from .tokens import TokenCounter
 from .types import EventView, RetrieveResponse, StoreResult
 
 
-class MemoryEngine:
+class MemoryEngine(MemoryBackend):
     """Use :meth:`create` or :meth:`open` (both async, both context managers)."""
 
     def __init__(
@@ -73,7 +72,7 @@ class MemoryEngine:
     ) -> Self:
         """Create a new pack in ``directory`` (refused if one is there)."""
         settings = _settings_for(directory, settings)
-        if load_pack_config(Path(settings.data_dir)) is not None:
+        if load_pack_config(settings.data_path) is not None:
             raise ConfigurationError(f"{settings.data_dir} already holds a PRME pack: use open()")
         return await cls._start(settings, embedding_provider)
 
@@ -88,13 +87,13 @@ class MemoryEngine:
     ) -> Self:
         """Open the pack in ``directory`` (created when missing and ``create_if_missing``)."""
         settings = _settings_for(directory, settings)
-        if load_pack_config(Path(settings.data_dir)) is None and not create_if_missing:
+        if load_pack_config(settings.data_path) is None and not create_if_missing:
             raise ConfigurationError(f"no PRME pack in {settings.data_dir}: use create()")
         return await cls._start(settings, embedding_provider)
 
     @classmethod
     async def _start(cls, settings: Settings, provider: EmbeddingProvider | None) -> Self:
-        data_dir = Path(settings.data_dir)
+        data_dir = settings.data_path
         saved = load_pack_config(data_dir)
         if provider is None:
             if saved is not None and saved.embedding.provider == "custom":
@@ -136,33 +135,8 @@ class MemoryEngine:
 
     # -- writing -----------------------------------------------------------------------
 
-    async def store(
-        self,
-        content: str | list[dict[str, Any]],
-        user_id: str,
-        *,
-        session_id: str = "default",
-        scope: str = "default",
-        role: str = "user",
-        name: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        occurred_at: datetime | None = None,
-        request_id: str | None = None,
-        wait: bool = True,
-    ) -> StoreResult:
-        """Append one memory; with ``wait`` (default) return once it is retrievable."""
-        draft = MessageDraft(
-            owner=user_id,
-            content=content,
-            role=role,
-            session_id=session_id,
-            scope=scope,
-            name=name,
-            metadata=metadata or {},
-            occurred_at=occurred_at,
-            request_id=request_id,
-        )
-        return (await self.store_many([draft], wait=wait))[0]
+    async def store_request(self, request: StoreRequest) -> StoreResult:
+        return (await self.store_many([request.draft()], wait=request.wait))[0]
 
     async def store_many(
         self, drafts: Sequence[MessageDraft], *, wait: bool = True
@@ -280,32 +254,6 @@ class MemoryEngine:
         for partition, offset in latest.items():
             await self.runner.wait_applied(partition, offset, timeout)
 
-    async def retrieve(
-        self,
-        query: str,
-        user_id: str,
-        *,
-        scope: str | None = None,
-        top_k: int = 10,
-        token_budget: int = 4096,
-        min_score: float | None = None,
-        after: Position | None = None,
-        include_archived: bool = False,
-        fusion: FusionName | None = None,
-    ) -> RetrieveResponse:
-        request = RetrieveRequest(
-            query=query,
-            user_id=user_id,
-            scope=scope,
-            top_k=top_k,
-            token_budget=token_budget,
-            min_score=min_score,
-            after=after,
-            include_archived=include_archived,
-            fusion=fusion,
-        )
-        return await self.retrieve_request(request)
-
     async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
         """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""
         if not request.query or not request.query.strip():
@@ -375,10 +323,10 @@ class MemoryEngine:
         """Blue/green rebuild of ``models`` from the log; see ProjectorRunner.rebuild."""
         replayed = await self.runner.rebuild(models)
         if "vector" in models:
-            saved = load_pack_config(Path(self.settings.data_dir))
+            saved = load_pack_config(self.settings.data_path)
             if saved is not None:
                 save_pack_config(
-                    Path(self.settings.data_dir),
+                    self.settings.data_path,
                     PackConfig(partitions=saved.partitions, embedding=self.embedding_config),
                 )
         return replayed

@@ -7,8 +7,7 @@ methods, same signatures, same result types, and HTTP errors become the same exc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any, Self, TypeVar, cast
+from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -17,9 +16,9 @@ import msgspec
 from prme.producers.producer import ADDITION_MISMATCH, REPLACEMENT_MISMATCH, MessageDraft
 from prme.producers.transport import Position
 from prme.schemas.errors import InvalidInput, PRMEError, TransportError
-from prme.schemas.records import AnyRecord, Message, Role
+from prme.schemas.records import AnyRecord, Message
 
-from .fusion import FusionName
+from .backend import MemoryBackend
 from .http_errors import error_of
 from .http_types import (
     ArchiveRequest,
@@ -39,7 +38,7 @@ from .types import EventView, RetrieveResponse, StoreResult
 T = TypeVar("T")
 
 
-class HttpMemoryBackend:
+class HttpMemoryBackend(MemoryBackend):
     """An ``httpx.AsyncClient`` speaking to ``/v1`` of a PRME service.
 
     ``timeout_s`` bounds every request (connect, read, write, pool); server-side writes
@@ -75,33 +74,8 @@ class HttpMemoryBackend:
 
     # -- writing -----------------------------------------------------------------------
 
-    async def store(
-        self,
-        content: str | list[dict[str, Any]],
-        user_id: str,
-        *,
-        session_id: str = "default",
-        scope: str = "default",
-        role: str = "user",
-        name: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        occurred_at: datetime | None = None,
-        request_id: str | None = None,
-        wait: bool = True,
-    ) -> StoreResult:
-        body = StoreRequest(
-            user_id=user_id,
-            content=content,
-            session_id=session_id,
-            scope=scope,
-            role=cast(Role, role),  # the service refuses an unknown role
-            name=name,
-            metadata=metadata or {},
-            occurred_at=occurred_at,
-            request_id=request_id,
-            wait=wait,
-        )
-        return await self._call("POST", "memories", StoreResult, json=body)
+    async def store_request(self, request: StoreRequest) -> StoreResult:
+        return await self._call("POST", "memories", StoreResult, json=request)
 
     async def store_many(
         self, drafts: Sequence[MessageDraft], *, wait: bool = True
@@ -176,32 +150,6 @@ class HttpMemoryBackend:
         return await self._call("DELETE", "owners", StoreResult, params=params)
 
     # -- reading -----------------------------------------------------------------------
-
-    async def retrieve(
-        self,
-        query: str,
-        user_id: str,
-        *,
-        scope: str | None = None,
-        top_k: int = 10,
-        token_budget: int = 4096,
-        min_score: float | None = None,
-        after: Position | None = None,
-        include_archived: bool = False,
-        fusion: FusionName | None = None,
-    ) -> RetrieveResponse:
-        request = RetrieveRequest(
-            query=query,
-            user_id=user_id,
-            scope=scope,
-            top_k=top_k,
-            token_budget=token_budget,
-            min_score=min_score,
-            after=after,
-            include_archived=include_archived,
-            fusion=fusion,
-        )
-        return await self.retrieve_request(request)
 
     async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
         return await self._call("POST", "retrieve", RetrieveResponse, json=request)

@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .errors import InvalidInput, RecordDecodeError, UnknownRecordKind, UnsupportedRecordVersion
+from .errors import RecordDecodeError, UnknownRecordKind, UnsupportedRecordVersion
 from .records import KINDS, SCHEMA_VERSION, AnyRecord, Record
 
 T = TypeVar("T")
@@ -75,16 +75,3 @@ def record_from_json(data: bytes | str) -> AnyRecord:
         raise _explain(header, error) from error
     except msgspec.DecodeError as error:
         raise RecordDecodeError(f"not JSON: {error}") from error
-
-
-def to_builtins(value: Any) -> Any:
-    """Structs to plain dicts/lists (for JSON output)."""
-    return msgspec.to_builtins(value)
-
-
-def convert(value: Any, type_: type[T]) -> T:
-    """Validate plain data into ``type_``; errors name the field (``at $.owner``)."""
-    try:
-        return msgspec.convert(value, type_)
-    except msgspec.ValidationError as error:
-        raise InvalidInput(str(error)) from error

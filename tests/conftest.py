@@ -104,7 +104,7 @@ def default_model_dir() -> Path:
 @pytest.fixture
 def hashed_provider() -> object:
     """A deterministic bag-of-words provider: fast, and honest about not being semantic."""
-    from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 
     return HashedBagOfWordsProvider()
 

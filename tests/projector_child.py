@@ -9,7 +9,7 @@ import os
 import msgspec
 
 from prme.producers.factory import open_transport
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.runner import ProjectorRunner
 from prme.schemas.config import Settings
 

@@ -34,7 +34,7 @@ from langchain_tests.integration_tests import RetrieversIntegrationTests  # noqa
 
 from prme import MemoryClient  # noqa: E402
 from prme.integrations.langchain import PRMEChatMessageHistory, PRMERetriever  # noqa: E402
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider  # noqa: E402
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider  # noqa: E402
 from prme.schemas.errors import ConfigurationError  # noqa: E402
 
 FACTS = [

@@ -18,7 +18,7 @@ from llama_index.core.llms import ChatMessage  # noqa: E402
 from prme import MemoryClient, MessageDraft  # noqa: E402
 from prme.integrations.langchain import PRMEChatMessageHistory, PRMERetriever  # noqa: E402
 from prme.integrations.llamaindex import PRMEChatStore  # noqa: E402
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider  # noqa: E402
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider  # noqa: E402
 from prme.schemas.records import SCHEMA_VERSION, HistoryReplaced  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.query.serve import run_server
 from prme.schemas.config import ServiceSettings, Settings
 

@@ -18,7 +18,7 @@ from llama_index.core.storage.chat_store.base import BaseChatStore  # noqa: E402
 from prme import MemoryClient, MessageDraft  # noqa: E402
 from prme.adapters.llamaindex import parse_key  # noqa: E402
 from prme.integrations.llamaindex import PRMEChatStore, PRMERetriever  # noqa: E402
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider  # noqa: E402
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider  # noqa: E402
 from prme.schemas.errors import ConfigurationError  # noqa: E402
 
 FACTS = [

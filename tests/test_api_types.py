@@ -38,7 +38,7 @@ def test_an_error_without_a_kind_is_read_by_its_status() -> None:
 
 def test_the_sync_client_spells_out_the_async_clients_signatures() -> None:
     assert len(PUBLIC) >= 14
-    for name in PUBLIC:
+    for name in (n for n in PUBLIC if not n.endswith("_request")):
         sync = inspect.signature(getattr(MemoryClient, name))
         async_ = inspect.signature(getattr(AsyncMemoryClient, name))
         assert sync.parameters == async_.parameters, name

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from prme import AsyncMemoryClient, MemoryClient
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.schemas.errors import ConfigurationError
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from prme.producers.factory import open_transport
 from prme.producers.producer import MessageDraft, Producer
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.validation import identity_of
 from prme.projectors.shard import Shard, shard_directory
 from prme.schemas.config import Settings
@@ -111,7 +111,7 @@ WORDS = [
 
 
 def child_log(settings: Settings) -> Path:
-    return Path(settings.data_dir).with_suffix(".log")
+    return settings.data_path.with_suffix(".log")
 
 
 def run_child(settings: Settings, group: str) -> subprocess.Popen[str]:
@@ -161,7 +161,7 @@ async def digests(settings: Settings) -> dict[int, dict[str, str]]:
     identity = identity_of(HashedBagOfWordsProvider())
     result: dict[int, dict[str, str]] = {}
     for partition in range(settings.log.partitions):
-        directory = shard_directory(Path(settings.data_dir), partition)
+        directory = shard_directory(settings.data_path, partition)
         if not directory.exists():
             continue
         shard = Shard(directory, partition, settings, identity)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.protocol import EmbeddingProvider, QueryEmbeddingProvider
 
 

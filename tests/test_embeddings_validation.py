@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from prme.projectors.embeddings.constant import (
+from prme.projectors.embeddings.hashed import (
     HashedBagOfWordsProvider,
     HashedBagOfWordsQueryProvider,
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
 from prme.projectors.embeddings.vector_cache import (
     VectorCache,

@@ -44,7 +44,7 @@ async def test_two_workers_split_the_partitions_and_project_everything(
         await producer.append_message(MessageDraft(owner=owner, content=f"hello from {owner}"))
     await transport.close()
 
-    data_dir = Path(kafka_settings.data_dir)
+    data_dir = kafka_settings.data_path
     env = {
         **os.environ,
         "PRME_LOG__TOPIC": kafka_topic,

@@ -12,7 +12,7 @@ from prme.producers.factory import open_transport
 from prme.producers.producer import MessageDraft, Producer
 from prme.producers.transport import LogItem
 from prme.projectors.dead_letters import open_dead_letters, read_dead_letters
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 

@@ -67,6 +67,6 @@ async def test_rebuild_of_an_unknown_model_replays_nothing(
         await engine.store("kept as it was", "alice")
         with pytest.raises(ConfigurationError, match="unknown read model 'lexicon'"):
             await engine.rebuild(["lexicon"])
-        assert not list(Path(local_settings.data_dir).glob("shards/*.rebuild"))
+        assert not list(local_settings.data_path.glob("shards/*.rebuild"))
         response = await engine.retrieve("kept", "alice")
         assert [r.text for r in response.results] == ["kept as it was"]

@@ -14,7 +14,7 @@ import pytest
 
 from prme import AsyncMemoryClient, MemoryClient
 from prme.cli import main
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.protocol import EmbeddingProvider
 from prme.query.auth import check_bind_safety, is_loopback
 from prme.query.serve import run_server

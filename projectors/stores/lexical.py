@@ -42,12 +42,6 @@ from prme.schemas.records import (
 
 from .lexical_windows import LexicalDocument, SequencePoint, WindowStore
 
-TEXT_BOOST: Final = LexicalSettings().text_boost
-CONTEXT_BOOST: Final = LexicalSettings().context_boost
-"""Neighbour text weighs less than the node's own text. On LoCoMo (3 dev conversations,
-382 questions) recall_any@10 was 0.686 without windows, 0.749 at 0.5, 0.775 at 0.75 and
-0.767 at 1.0. The boosts in use come from :class:`LexicalSettings`."""
-
 MAX_QUERY_TERMS: Final = 256
 WRITER_HEAP_BYTES: Final = 48_000_000
 TRACKING_ID: Final = "__tracking__"
@@ -142,6 +136,9 @@ class LexicalModel:
         self._writer: tantivy.IndexWriter | None = self._index.writer(
             heap_size=WRITER_HEAP_BYTES, num_threads=1
         )
+        # A process killed mid-commit leaves files no meta.json names (such as the .del file
+        # of an uncommitted delete); replaying the same batch would collide with them.
+        self._writer.garbage_collect_files()
         self._windows = WindowStore(
             path / "windows.sqlite3",
             window_before=settings.window_before,

@@ -1,0 +1,141 @@
+"""The contract of ``MemoryBackend``: every public method, errors included.
+
+``tests/test_backends_contract.py`` runs it against the embedded ``MemoryEngine`` and
+against ``HttpMemoryBackend`` talking to the service over ASGI: the same calls must give
+the same results and raise the same exceptions."""
+
+from __future__ import annotations
+
+import pytest
+
+from prme.producers.producer import MessageDraft
+from prme.query.backend import MemoryBackend
+from prme.query.http_types import RetrieveRequest
+from prme.schemas.errors import Forbidden, InvalidInput, NotFound
+from prme.schemas.records import Message
+
+UNKNOWN_EVENT = "01900000-0000-7000-8000-000000000000"
+
+
+async def found_ids(backend: MemoryBackend, query: str, include_archived: bool = False) -> set[str]:
+    response = await backend.retrieve(query, "alice", include_archived=include_archived)
+    return {r.node_id for r in response.results}
+
+
+class MemoryBackendContract:
+    """Subclasses provide a ``backend`` fixture: a MemoryBackend that may act for any owner."""
+
+    async def test_a_stored_memory_is_retrievable_with_its_token(
+        self, backend: MemoryBackend
+    ) -> None:
+        stored = await backend.store("I adopted a cat named Miso", "alice", session_id="s1")
+        assert stored.node_ids == [f"mem:{stored.event_id}"]
+        found = await backend.retrieve("cat Miso", "alice", after=stored.token)
+        assert [r.event_id for r in found.results] == [stored.event_id]
+        assert "Miso" in found.bundle.render()
+        assert found.receipt.owner == "alice"
+        again = await backend.retrieve_request(RetrieveRequest(query="cat Miso", user_id="alice"))
+        assert [r.event_id for r in again.results] == [stored.event_id]
+
+    async def test_retrieval_keeps_owners_apart(self, backend: MemoryBackend) -> None:
+        await backend.store("bob keeps bees", "bob")
+        assert (await backend.retrieve("bees", "alice")).results == []
+
+    async def test_bad_retrieve_parameters_are_invalid_input(self, backend: MemoryBackend) -> None:
+        with pytest.raises(InvalidInput, match="query"):
+            await backend.retrieve("   ", "alice")
+        with pytest.raises(InvalidInput, match="top_k"):
+            await backend.retrieve("cat", "alice", top_k=0)
+
+    async def test_a_batch_is_atomic_and_a_bad_draft_writes_nothing(
+        self, backend: MemoryBackend
+    ) -> None:
+        batch = await backend.store_many(
+            [MessageDraft(owner="alice", content=f"fact {i}") for i in range(3)]
+        )
+        assert len({r.event_id for r in batch}) == 3
+        bad = [MessageDraft(owner="alice", content="kept out"), MessageDraft(owner="", content="x")]
+        with pytest.raises(InvalidInput):
+            await backend.store_many(bad)
+        texts = [r.text for r in (await backend.retrieve("kept out", "alice")).results]
+        assert "kept out" not in texts and len(texts) == 3
+
+    async def test_chat_history_add_delete_replace_clear(self, backend: MemoryBackend) -> None:
+        drafts = [
+            MessageDraft(owner="alice", session_id="s1", content="hello", role="user"),
+            MessageDraft(owner="alice", session_id="s1", content="hi!", role="assistant"),
+        ]
+        added = await backend.add_messages("alice", "s1", drafts)
+        history = await backend.history("alice", "s1", after=added[-1].token)
+        assert all(isinstance(m, Message) for m in history)
+        assert [m.content for m in history] == ["hello", "hi!"]
+        assert [m.content for m in await backend.history("alice", "s1", limit=1)] == ["hi!"]
+        await backend.delete_message("alice", added[0].event_id)
+        assert [m.content for m in await backend.history("alice", "s1")] == ["hi!"]
+        fresh = [MessageDraft(owner="alice", session_id="s1", content="fresh start")]
+        replaced = await backend.replace_history("alice", "s1", fresh)
+        assert len(replaced) == 2 and replaced[0].node_ids == []
+        assert [m.content for m in await backend.history("alice", "s1")] == ["fresh start"]
+        await backend.clear_history("alice", "s1")
+        assert await backend.history("alice", "s1") == []
+
+    async def test_history_writes_of_another_history_are_refused(
+        self, backend: MemoryBackend
+    ) -> None:
+        stray = [MessageDraft(owner="alice", session_id="other", content="x")]
+        with pytest.raises(InvalidInput, match="belong to the history"):
+            await backend.add_messages("alice", "s1", stray)
+        with pytest.raises(InvalidInput, match="replacement messages"):
+            await backend.replace_history("alice", "s1", stray)
+        assert await backend.history("alice", "s1") == []
+
+    async def test_events_and_their_nodes(self, backend: MemoryBackend) -> None:
+        stored = await backend.store("Aurora ships on Friday", "alice")
+        event = await backend.get_event(stored.event_id, "alice")
+        assert event.kind == "message" and isinstance(event.record, Message)
+        assert event.record.content == "Aurora ships on Friday"
+        assert await backend.get_event_nodes(stored.event_id, "alice") == stored.node_ids
+        with pytest.raises(NotFound):
+            await backend.get_event(UNKNOWN_EVENT, "alice")
+        with pytest.raises(NotFound):
+            await backend.get_event_nodes(UNKNOWN_EVENT, "alice")
+        with pytest.raises(Forbidden):
+            await backend.get_event(stored.event_id, "bob")
+
+    async def test_deleting_a_control_event_is_invalid_input(self, backend: MemoryBackend) -> None:
+        cleared = await backend.clear_history("alice", "s1")
+        with pytest.raises(InvalidInput, match="not a message"):
+            await backend.delete_message("alice", cleared.event_id)
+
+    async def test_archive_restore_supersede(self, backend: MemoryBackend) -> None:
+        old = await backend.store("Miso is a cat", "alice")
+        node = old.node_ids[0]
+        await backend.archive(node, "alice", reason="outdated")
+        assert node not in await found_ids(backend, "Miso cat")
+        assert node in await found_ids(backend, "Miso cat", include_archived=True)
+        await backend.restore(node, "alice")
+        assert node in await found_ids(backend, "Miso cat")
+        newer = await backend.store("Miso the cat is now called Mochi", "alice")
+        await backend.supersede(node, newer.node_ids[0], "alice")
+        current = await found_ids(backend, "Miso cat")
+        assert node not in current and newer.node_ids[0] in current
+
+    async def test_lifecycle_of_an_unknown_or_foreign_node_is_refused(
+        self, backend: MemoryBackend
+    ) -> None:
+        unknown = f"mem:{UNKNOWN_EVENT}"
+        with pytest.raises(NotFound):
+            await backend.archive(unknown, "alice")
+        with pytest.raises(NotFound):
+            await backend.restore(unknown, "alice")
+        bobs = await backend.store("bob keeps bees", "bob")
+        with pytest.raises(Forbidden):
+            await backend.supersede(bobs.node_ids[0], bobs.node_ids[0], "alice")
+
+    async def test_erase_owner_removes_that_owner_only(self, backend: MemoryBackend) -> None:
+        await backend.store("alice likes tea", "alice", session_id="s1")
+        await backend.store("bob likes tea", "bob", session_id="s1")
+        await backend.erase_owner("alice")
+        assert await backend.history("alice", "s1") == []
+        assert (await backend.retrieve("tea", "alice")).results == []
+        assert [r.text for r in (await backend.retrieve("tea", "bob")).results] == ["bob likes tea"]
