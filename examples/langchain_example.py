@@ -1,7 +1,7 @@
 """PRME as LangChain memory: a chat history that survives restarts and a retriever over
 everything the user said.
 
-    pip install "prme[langchain]"
+    pip install "prme-memory[langchain]"
     prme models pull            # once: assembles the default embedding model
     python examples/langchain_example.py [DIRECTORY]
 """

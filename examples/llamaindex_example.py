@@ -1,7 +1,7 @@
 """PRME as LlamaIndex memory: a chat store keyed "user_id:session_id" and a retriever
 returning NodeWithScore.
 
-    pip install "prme[llamaindex]"
+    pip install "prme-memory[llamaindex]"
     prme models pull            # once: assembles the default embedding model
     python examples/llamaindex_example.py [DIRECTORY]
 """

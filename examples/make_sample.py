@@ -1,4 +1,7 @@
-"""Print a small JSONL sample for `prme ingest` (one message per line)."""
+"""Print a small JSONL sample for `prme ingest` (one message per line).
+
+Each line carries a fixed ``request_id``, so ingesting the sample twice (``make demo``
+run again) writes nothing the second time."""
 
 import json
 
@@ -11,5 +14,6 @@ TURNS = [
     ("bob", "travel", "assistant", "Noted: a 3 week hiking trip in the Alps."),
 ]
 
-for owner, session, role, content in TURNS:
-    print(json.dumps({"owner": owner, "session": session, "role": role, "content": content}))
+for number, (owner, session, role, content) in enumerate(TURNS, start=1):
+    line = {"owner": owner, "session": session, "role": role, "content": content}
+    print(json.dumps({**line, "request_id": f"sample-{number}"}))

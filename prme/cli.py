@@ -1,4 +1,4 @@
-"""The ``prme`` command line: ingest, audit, models, project, rebuild, serve, mcp."""
+"""The prme command line: ingest, audit, models, project, rebuild, serve, status, mcp."""
 
 from __future__ import annotations
 
@@ -247,11 +247,44 @@ async def _rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prme", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+DESCRIPTION = """\
+PRME: long-term memory for LLM agents, event-sourced on a log (Kafka or an embedded
+SQLite log). Every command reads its configuration from PRME_* variables; the options
+below override them. See README.md and docs/OPERATIONS.md."""
 
-    ingest = commands.add_parser("ingest", help="append messages from a JSONL file to the log")
+INGEST_FORMAT = """\
+line format (JSON lines, one message per line):
+  {"owner": "alice", "content": "Aurora needs approval.", "session": "planning",
+   "role": "user", "time": "2023-05-08T13:56:00Z", "metadata": {"source": "import"}}
+
+  owner       required: the owner id (the log key)
+  content     required: a string, or a list of content blocks
+  session     chat session id (default "default")
+  role        user | assistant | system | tool | function | developer
+              (default "user")
+  scope       memory scope (default "default")
+  name        speaker name
+  time        when it happened (RFC 3339; default: unknown)
+  metadata    a JSON object kept with the record
+  request_id  idempotency key: a line ingested again with the same owner and
+              request_id is not written twice (on Kafka: within one process)
+Unknown fields are refused. '-' reads standard input."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from prme import __version__
+
+    parser = argparse.ArgumentParser(prog="prme", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"prme {__version__} (prme-memory)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ingest = commands.add_parser(
+        "ingest",
+        help="append messages from a JSONL file to the log",
+        description="Append messages from a JSONL file to the log, with progress.",
+        epilog=INGEST_FORMAT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ingest.add_argument("file", help="JSONL file, one message per line ('-' for stdin)")
     ingest.add_argument("--on-error", choices=["skip", "stop"], default="stop")
     ingest.add_argument("--batch-size", type=int, default=500)

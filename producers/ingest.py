@@ -38,10 +38,13 @@ class LineError(msgspec.Struct, frozen=True):
 class IngestSummary(msgspec.Struct, frozen=True):
     lines: int
     written: int
+    """Records appended (lines whose request_id was already on the log excluded)."""
     skipped: int
     seconds: float
     records_per_s: float
     errors: list[LineError]
+    duplicates: int = 0
+    """Lines whose (owner, request_id) was already on the log: not written again."""
 
 
 _line_decoder = msgspec.json.Decoder(IngestLine)
@@ -83,6 +86,7 @@ async def ingest_lines(
     written, the batch holding the bad line is not appended.
     """
     started = time.perf_counter()
+    hits_before = getattr(producer.transport, "dedupe_hits", 0)
     errors: list[LineError] = []
     in_flight: set[asyncio.Task[Any]] = set()
     written = count = 0
@@ -129,6 +133,8 @@ async def ingest_lines(
             if isinstance(task, BaseException):
                 raise task
     seconds = time.perf_counter() - started
+    duplicates = getattr(producer.transport, "dedupe_hits", 0) - hits_before
+    written -= duplicates
     return IngestSummary(
         lines=count,
         written=written,
@@ -136,6 +142,7 @@ async def ingest_lines(
         seconds=seconds,
         records_per_s=written / seconds if seconds > 0 else 0.0,
         errors=errors,
+        duplicates=duplicates,
     )
 
 

@@ -85,6 +85,8 @@ class KafkaLogTransport:
         self._stable_txn_id = transactional_id
         self._replication_factor = replication_factor
         self._dedupe = _DedupeCache(dedupe_capacity)
+        self.dedupe_hits = 0
+        """Appends answered from the dedupe map (or a same-key append in flight)."""
         self._in_flight: dict[str, asyncio.Future[Position]] = {}
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -220,9 +222,11 @@ class KafkaLogTransport:
             return await self._send(item)
         known = self._dedupe.get(key)
         if known is not None:
+            self.dedupe_hits += 1
             return known
         pending = self._in_flight.get(key)
         if pending is not None:
+            self.dedupe_hits += 1
             return await asyncio.shield(pending)
         future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
@@ -266,7 +270,9 @@ class KafkaLogTransport:
             known = self._dedupe.get(key) if key is not None else None
             if known is not None:
                 positions[index] = known
+                self.dedupe_hits += 1
             elif key is not None and key in batch_keys:
+                self.dedupe_hits += 1
                 continue  # a repeat inside the batch: filled from its first occurrence
             else:
                 if key is not None:

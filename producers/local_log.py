@@ -57,6 +57,8 @@ class LocalLogTransport:
         self._appended: asyncio.Condition | None = None
         self._appends = 0
         """How many appends this process made: a poller waits for it to move."""
+        self.dedupe_hits = 0
+        """Items this process appended whose dedupe key was already on the log."""
 
     @property
     def partitions(self) -> int:
@@ -139,6 +141,7 @@ class LocalLogTransport:
         now_ms = int(time.time() * 1000)
         next_offsets: dict[int, int] = {}
         positions: list[Position] = []
+        hits = 0
         connection.execute("BEGIN IMMEDIATE")
         try:
             for item in items:
@@ -149,6 +152,7 @@ class LocalLogTransport:
                     ).fetchone()
                     if row is not None:
                         positions.append(Position(row[0], row[1]))
+                        hits += 1
                         continue
                 partition = self.partition_for(item.key)
                 offset = next_offsets.get(partition)
@@ -171,6 +175,7 @@ class LocalLogTransport:
         except BaseException:
             connection.execute("ROLLBACK")
             raise
+        self.dedupe_hits += hits
         return positions
 
     async def read(self, partition: int, offset: int, max_records: int = 500) -> list[LogEntry]:

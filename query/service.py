@@ -419,6 +419,6 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
 
 def _version() -> str:
     try:
-        return version("prme")
+        return version("prme-memory")
     except PackageNotFoundError:
         return "0"

@@ -90,3 +90,48 @@ def test_ingest_stops_at_the_first_bad_line_by_default(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"{source}:2:" in result.stderr and "role" in result.stderr
     assert audit("alice", data) == []
+
+
+def test_help_is_plain_text_and_ingest_help_gives_the_line_format() -> None:
+    top = prme("--help")
+    assert top.returncode == 0 and "``" not in top.stdout and ":class:" not in top.stdout
+    assert "ingest" in top.stdout and "serve" in top.stdout
+    ingest = prme("ingest", "--help")
+    assert ingest.returncode == 0
+    for field in ("owner", "content", "session", "role", "time", "metadata", "request_id"):
+        assert f"\n  {field} " in ingest.stdout, field
+    assert '{"owner": "alice"' in ingest.stdout
+
+
+def test_version_names_the_distribution() -> None:
+    from prme import __version__
+
+    result = prme("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"prme {__version__} (prme-memory)"
+
+
+def test_ingesting_the_demo_sample_twice_writes_it_once(tmp_path: Path) -> None:
+    """`make demo` run twice: the sample's request ids make the second ingest a no-op."""
+    root = Path(__file__).resolve().parents[1]
+    sample = subprocess.run(
+        [sys.executable, str(root / "examples" / "make_sample.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    source = tmp_path / "sample.jsonl"
+    source.write_text(sample)
+    data = ["--data-dir", str(tmp_path / "pack")]
+    summaries = []
+    for _ in range(2):
+        result = prme("ingest", str(source), "--quiet", *data)
+        assert result.returncode == 0, result.stderr
+        summaries.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    lines = len(sample.splitlines())
+    assert (summaries[0]["written"], summaries[0]["duplicates"]) == (lines, 0)
+    assert (summaries[1]["written"], summaries[1]["duplicates"]) == (0, lines)
+    alice = [r["record"]["content"] for r in audit("alice", data)]
+    assert (
+        len(alice) == len(set(alice)) == sum('"owner": "alice"' in x for x in sample.splitlines())
+    )

@@ -8,12 +8,16 @@
 #
 # Environment: PRME_KAFKA_CACHE (jar cache, default ~/.cache/prme/kafka-libs),
 # PRME_KAFKA_START_TIMEOUT (default 90), PRME_KAFKA_STOP_TIMEOUT (default 30),
-# PRME_KAFKA_HEAP (default 1g), PRME_PYTHON (an interpreter with aiokafka, default python3).
+# PRME_KAFKA_HEAP (default 1g), PRME_PYTHON (an interpreter with aiokafka for the readiness
+# probe; default: the project's .venv/bin/python when there is one, else python3).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LIBS="${PRME_KAFKA_CACHE:-$HOME/.cache/prme/kafka-libs}"
-PYTHON="${PRME_PYTHON:-python3}"
+ROOT="$(cd "$HERE/../.." && pwd)"
+if [[ -n "${PRME_PYTHON:-}" ]]; then PYTHON="$PRME_PYTHON"
+elif [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"
+else PYTHON="python3"; fi
 START_TIMEOUT="${PRME_KAFKA_START_TIMEOUT:-90}"
 STOP_TIMEOUT="${PRME_KAFKA_STOP_TIMEOUT:-30}"
 HEAP="${PRME_KAFKA_HEAP:-1g}"
@@ -43,6 +47,16 @@ cmd_fetch() {
     mkdir -p "$(dirname "$LIBS")"
     mv "$tmp" "$LIBS"
     echo "$LIBS"
+}
+
+# The readiness probe talks to the broker through aiokafka: check the interpreter has it
+# before starting anything, and say so plainly when it does not.
+check_probe() {
+    local error
+    if ! error="$("$PYTHON" -c 'import aiokafka' 2>&1)"; then
+        die "the readiness probe needs aiokafka, but $PYTHON cannot import it: $(tail -n 1 <<<"$error")
+  (run 'make setup' to create .venv, or set PRME_PYTHON to an interpreter with the project installed)"
+    fi
 }
 
 pid_alive() { [[ -f "$1/kafka.pid" ]] && kill -0 "$(cat "$1/kafka.pid")" 2>/dev/null; }
@@ -102,6 +116,7 @@ PY
 cmd_start() {
     local data="${1:-}"
     [[ -n "$data" ]] || usage
+    check_probe
     mkdir -p "$data"
     data="$(cd "$data" && pwd)"
     if pid_alive "$data"; then

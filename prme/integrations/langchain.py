@@ -1,5 +1,5 @@
 """``from prme.integrations.langchain import PRMEChatMessageHistory, PRMERetriever``
-(needs the ``langchain`` extra: ``pip install "prme[langchain]"``)."""
+(needs the ``langchain`` extra: ``pip install "prme-memory[langchain]"``)."""
 
 from prme.adapters.langchain import PRMEChatMessageHistory, PRMERetriever
 

@@ -1,5 +1,5 @@
 """``from prme.integrations.llamaindex import PRMEChatStore, PRMERetriever``
-(needs the ``llamaindex`` extra: ``pip install "prme[llamaindex]"``)."""
+(needs the ``llamaindex`` extra: ``pip install "prme-memory[llamaindex]"``)."""
 
 from prme.adapters.llamaindex import PRMEChatStore, PRMERetriever
 
