@@ -6,6 +6,7 @@ Validation happens before anything is appended: a bad record raises
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -15,7 +16,8 @@ import uuid_utils
 
 from prme.schemas.codec import encode_record
 from prme.schemas.config import LimitsSettings
-from prme.schemas.errors import InvalidInput
+from prme.schemas.errors import InvalidInput, TransportError
+from prme.schemas.metrics import Metrics, transport_label
 from prme.schemas.records import (
     HistoryCleared,
     HistoryReplaced,
@@ -94,9 +96,23 @@ def new_event_id() -> str:
 class Producer:
     """Builds and validates records, then appends them through a :class:`LogTransport`."""
 
-    def __init__(self, transport: LogTransport, limits: LimitsSettings | None = None) -> None:
+    def __init__(
+        self,
+        transport: LogTransport,
+        limits: LimitsSettings | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._transport = transport
         self._limits = limits or LimitsSettings()
+        self._metrics = metrics if metrics is not None else Metrics(enabled=False)
+        self._label = label = transport_label(transport)
+        self._metrics.sample(
+            "counter",
+            "prme_log_dedupe_hits",
+            "Appends answered with the first position of their request_id (nothing written)",
+            ("transport",),
+            lambda: [((label,), getattr(transport, "dedupe_hits", 0))],
+        )
 
     @property
     def transport(self) -> LogTransport:
@@ -155,7 +171,14 @@ class Producer:
                 f"{self._limits.max_batch_records}"
             )
         items = [_log_item(record) for record in records]
-        positions = await self._transport.append_many(items, atomic=atomic)
+        started = time.perf_counter()
+        try:
+            positions = await self._transport.append_many(items, atomic=atomic)
+        except TransportError:
+            self._metrics.transport_errors.labels(self._label, "append").inc()
+            raise
+        self._metrics.append_duration.labels(self._label).observe(time.perf_counter() - started)
+        self._metrics.log_appends.labels(self._label).inc(len(items))
         return [AppendReceipt(r.event_id, p) for r, p in zip(records, positions, strict=True)]
 
     def _check_content_size(self, message: Message) -> None:

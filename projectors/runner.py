@@ -7,13 +7,15 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from prme.producers.transport import LogConsumer, LogTransport
 from prme.schemas.config import Settings
-from prme.schemas.errors import ConsistencyTimeout, ShardUnavailable
+from prme.schemas.errors import ConsistencyTimeout, ShardUnavailable, TransportError
+from prme.schemas.metrics import Metrics, transport_label
 
 from .backends import VectorBackend
 from .dead_letters import send_dead_letter
@@ -25,6 +27,8 @@ from .registry import MODEL_NAMES, read_models
 from .shard import Shard, replace_model_directory, shard_directory
 
 GROUP = "prme-projectors"
+PROGRESS_EVERY_S = 2.0
+"""How often catching up and rebuilding log their progress."""
 _log = logging.getLogger("prme.projector")
 
 
@@ -41,6 +45,7 @@ class ProjectorRunner:
         group: str = GROUP,
         batch_size: int = 256,
         vectors: VectorBackend | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name."""
         self.settings = settings
@@ -54,6 +59,8 @@ class ProjectorRunner:
         self.vectors = vectors or VectorBackend.from_settings(settings)
         self._data_dir = settings.data_path
         self._vector_cache = VectorCache(self._data_dir / "vector_cache.sqlite3")
+        self.metrics = metrics if metrics is not None else Metrics(enabled=False)
+        self._sample_caches()
         self.shards: dict[int, Shard] = {}
         self._consumed: dict[int, int] = {}
         self._consumer: LogConsumer | None = None
@@ -64,6 +71,7 @@ class ProjectorRunner:
         self._stopping = False
         self._assigned = asyncio.Event()
         self.dead_letter_count = 0
+        self.dead_letters_by_partition: dict[int, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -104,6 +112,7 @@ class ProjectorRunner:
                     self.settings,
                     self.identity,
                     vectors=self.vectors,
+                    metrics=self.metrics,
                 )
                 await shard.open(lazily=True)
                 self.shards[partition] = shard
@@ -140,6 +149,8 @@ class ProjectorRunner:
         except BaseException as error:
             if self._stopping:  # the consumer closed under a poll that missed its cancel
                 return
+            if isinstance(error, TransportError):
+                self.metrics.transport_errors.labels(transport_label(self.transport), "poll").inc()
             self._failure = error
             async with self._progress:
                 self._progress.notify_all()
@@ -152,8 +163,14 @@ class ProjectorRunner:
                 if shard is None:
                     continue
                 dead = await shard.apply(entries, self._encode)
+                self.metrics.batch_size.observe(len(entries))
+                self.metrics.records_applied.labels(str(partition)).inc(len(entries))
                 for letter in dead:
                     self.dead_letter_count += 1
+                    self.dead_letters_by_partition[partition] = (
+                        self.dead_letters_by_partition.get(partition, 0) + 1
+                    )
+                    self.metrics.dead_letters.labels(str(partition), letter.model or "decode").inc()
                     _log.warning(
                         "dead letter p%d@%d (%s): %s",
                         letter.partition,
@@ -185,7 +202,42 @@ class ProjectorRunner:
                 self._progress.notify_all()
 
     async def _encode(self, texts: list[str]) -> list[list[float]]:
-        return await embed_with_cache(self.provider, self._vector_cache, texts)
+        return await embed_with_cache(self.provider, self._vector_cache, texts, self.metrics)
+
+    @property
+    def vector_cache(self) -> VectorCache:
+        """The durable vector cache (its ``hits`` and ``misses`` say what a rebuild reused)."""
+        return self._vector_cache
+
+    def _sample_caches(self) -> None:
+        cache, provider = self._vector_cache, self.provider
+
+        def lookups() -> list[tuple[tuple[str, ...], float]]:
+            rows: list[tuple[tuple[str, ...], float]] = [
+                (("durable", "hit"), cache.hits),
+                (("durable", "miss"), cache.misses),
+            ]
+            info = getattr(provider, "cache_info", None)
+            if callable(info):
+                memory = info()
+                rows += [(("memory", "hit"), memory.hits), (("memory", "miss"), memory.misses)]
+            return rows
+
+        self.metrics.sample(
+            "counter",
+            "prme_embedding_cache_lookups",
+            "Embedding cache lookups: durable (the vector cache, by content hash) and memory "
+            "(the provider's LRU), hits and misses",
+            ("cache", "result"),
+            lookups,
+        )
+
+    def next_offset(self, partition: int) -> int:
+        """The offset this process reads next in ``partition``: past the last applied record
+        and past any Kafka transaction markers the consumer has stepped over."""
+        shard = self.shards.get(partition)
+        applied = -1 if shard is None else shard.position
+        return max(applied + 1, self._consumed.get(partition, 0))
 
     async def catch_up(self, timeout_s: float = 60.0) -> None:
         """Wait until every assigned shard has applied the log's current end.
@@ -197,9 +249,31 @@ class ProjectorRunner:
         except TimeoutError as error:
             raise ConsistencyTimeout(f"no partitions assigned within {timeout_s:.1f}s") from error
         ends = await self.transport.end_offsets()
-        for partition in list(self.shards):
-            if ends.get(partition, 0) > 0:
-                await self.wait_applied(partition, ends[partition] - 1, timeout_s)
+        targets = {p: ends[p] for p in sorted(self.shards) if ends.get(p, 0) > 0}
+        behind = {p: end - self.next_offset(p) for p, end in targets.items()}
+        total = sum(max(0, n) for n in behind.values())
+        if total:
+            _log.info("catching up: %d records to apply in partitions %s", total, sorted(targets))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        for partition, end in targets.items():
+            while True:
+                remaining = deadline - loop.time()
+                try:
+                    await self.wait_applied(
+                        partition, end - 1, max(0.0, min(PROGRESS_EVERY_S, remaining))
+                    )
+                    break
+                except ConsistencyTimeout:
+                    if loop.time() >= deadline:
+                        raise ConsistencyTimeout(
+                            f"partition {partition} has not applied offset {end - 1} within "
+                            f"{timeout_s:.1f}s (applied: {self.applied_offset(partition)})"
+                        ) from None
+                    left = sum(max(0, e - self.next_offset(p)) for p, e in targets.items())
+                    _log.info("catching up: %d of %d records applied", total - left, total)
+        if total:
+            _log.info("caught up: %d records applied", total)
 
     # -- read-your-writes --------------------------------------------------------------
 
@@ -276,12 +350,17 @@ class ProjectorRunner:
                 self.identity,
                 models=models,
                 vectors=self.vectors,
+                metrics=self.metrics,
             )
             await staged.open()
+            self.metrics.rebuild_target.labels(str(partition)).set(ends.get(partition, 0))
+            self.metrics.rebuild_replayed.labels(str(partition)).set(0)
             try:
-                replayed[partition] = await self._replay(staged, partition)
+                replayed[partition] = await self._replay(staged, partition, ends.get(partition, 0))
                 async with self._apply_lock:
-                    replayed[partition] += await self._replay(staged, partition)
+                    replayed[partition] += await self._replay(
+                        staged, partition, ends.get(partition, 0), replayed[partition]
+                    )
                     await staged.close()
                     await self._swap(shard, staging, models)
             finally:
@@ -291,13 +370,20 @@ class ProjectorRunner:
             self._progress.notify_all()
         return replayed
 
-    async def _replay(self, staged: Shard, partition: int) -> int:
+    async def _replay(self, staged: Shard, partition: int, target: int, done: int = 0) -> int:
         count = 0
         offset = staged.applied_offset() + 1
+        reported = time.monotonic()
         while entries := await self.transport.read(partition, offset, self._batch_size):
             await staged.apply(entries, self._encode)
             count += len(entries)
             offset = entries[-1].offset + 1
+            self.metrics.rebuild_replayed.labels(str(partition)).set(done + count)
+            if time.monotonic() - reported >= PROGRESS_EVERY_S:
+                reported = time.monotonic()
+                _log.info(
+                    "rebuild p%d: %d of ~%d records replayed", partition, done + count, target
+                )
         return count
 
     async def _swap(self, shard: Shard, staging: Path, models: Sequence[ModelName]) -> None:

@@ -17,6 +17,7 @@ from prme.producers.transport import LogEntry
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.config import Settings
 from prme.schemas.errors import InvalidEmbedding, InvalidInput, RecordDecodeError
+from prme.schemas.metrics import Metrics
 from prme.schemas.records import Message
 
 from .backends import VectorBackend
@@ -53,9 +54,11 @@ class Shard:
         *,
         models: Sequence[ModelName] = MODEL_NAMES,
         vectors: VectorBackend | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """Without ``vectors`` the shard opens (and closes) the backend ``settings`` name."""
         self.directory = directory
+        self._metrics = metrics if metrics is not None else Metrics(enabled=False)
         self.partition = partition
         self._settings = settings
         self._identity = identity
@@ -181,7 +184,8 @@ class Shard:
             if not todo:
                 continue
             try:
-                model.apply(todo)
+                with self._metrics.apply_duration.labels(name).time():
+                    model.apply(todo)
             except RECORD_FAULTS:
                 dead.extend(self._apply_one_by_one(name, model, todo))
         return dead

@@ -25,6 +25,8 @@ class Caller(msgspec.Struct, frozen=True):
     """Who is calling: the owner their key is bound to, or ``*`` (admin, or an open service)."""
 
     owner: str
+    acted_for: list[str] = msgspec.field(default_factory=list)
+    """Owners :meth:`authorize` let this caller act for (the access log hashes them)."""
 
     @property
     def is_admin(self) -> bool:
@@ -34,6 +36,7 @@ class Caller(msgspec.Struct, frozen=True):
         """Forbidden unless this caller may act for ``user_id``."""
         if not self.is_admin and not hmac.compare_digest(self.owner, user_id):
             raise Forbidden(f"this API key may not act for owner {user_id!r}")
+        self.acted_for.append(user_id)
 
     def authorize_all(self, user_ids: Iterable[str]) -> None:
         for user_id in user_ids:

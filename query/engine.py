@@ -29,6 +29,7 @@ from prme.projectors.registry import MODEL_NAMES
 from prme.projectors.runner import ProjectorRunner
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, NotFound
+from prme.schemas.metrics import Metrics
 from prme.schemas.records import Message, Record, memory_node_id
 
 from .backend import MemoryBackend
@@ -56,9 +57,12 @@ class MemoryEngine(MemoryBackend):
         self._transport = transport
         self._dead_letters = dead_letters
         self.runner = runner
-        self._producer = Producer(transport, settings.limits)
+        self.metrics = runner.metrics
+        self._producer = Producer(transport, settings.limits, self.metrics)
         model_dir = default_model_dir(settings.models_path)
-        self._retriever = Retriever(runner, settings, TokenCounter(model_dir / "tokenizer.json"))
+        self._retriever = Retriever(
+            runner, settings, TokenCounter(model_dir / "tokenizer.json"), self.metrics
+        )
 
     # -- opening -----------------------------------------------------------------------
 
@@ -116,7 +120,13 @@ class MemoryEngine(MemoryBackend):
         dead_letters = open_dead_letters(settings)
         await transport.start()
         await dead_letters.start()
-        runner = ProjectorRunner(settings, transport, provider, dead_letters=dead_letters)
+        runner = ProjectorRunner(
+            settings,
+            transport,
+            provider,
+            dead_letters=dead_letters,
+            metrics=Metrics(enabled=settings.metrics.enabled),
+        )
         await runner.start()
         await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
         return cls(settings, provider, transport, runner, dead_letters)

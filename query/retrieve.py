@@ -13,6 +13,7 @@ import uuid_utils
 from prme.projectors.runner import ProjectorRunner
 from prme.projectors.shard import Shard
 from prme.schemas.config import QuerySettings, Settings
+from prme.schemas.metrics import Metrics
 
 from .analysis import QueryAnalysis, analyse, speaker_factor
 from .bundle import pack
@@ -34,10 +35,17 @@ Ranking = list[tuple[str, float]]
 class Retriever:
     """Answers ``retrieve`` from the shards a :class:`ProjectorRunner` holds."""
 
-    def __init__(self, runner: ProjectorRunner, settings: Settings, counter: TokenCounter) -> None:
+    def __init__(
+        self,
+        runner: ProjectorRunner,
+        settings: Settings,
+        counter: TokenCounter,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._runner = runner
         self._settings = settings
         self._counter = counter
+        self._metrics = metrics if metrics is not None else Metrics(enabled=False)
 
     async def retrieve(
         self,
@@ -52,6 +60,7 @@ class Retriever:
         fusion: FusionName | None = None,
     ) -> RetrieveResponse:
         started = time.perf_counter()
+        clock = self._metrics.stopwatch()
         fusion = fusion or self._settings.scoring.fusion
         shard = await self._runner.shard_for(owner)
         analysis = analyse(query, self._settings.query, await self._speakers(shard, owner))
@@ -59,9 +68,11 @@ class Retriever:
         channels, reports, query_vector, embed_query_used = await self._candidates(
             shard, query, analysis, owner, scope, limit, include_archived
         )
+        clock.lap("candidates")
         fused = fuse(
             fusion, channels, k=self._settings.scoring.rrf_k, weights=self._settings.scoring.weights
         )
+        clock.lap("fusion")
         ranked = sorted(fused.items(), key=lambda item: (-item[1], item[0]))
         nodes: dict[str, Any] = {}
         boosts: dict[str, float] = {}
@@ -82,6 +93,7 @@ class Retriever:
             query_vector,
             None if floor_skipped else min_score,
         )
+        clock.lap("stages")
         results = [
             _result(nodes[node_id], score, cosines.get(node_id), floor_skipped)
             for node_id, score in ranked
@@ -133,6 +145,11 @@ class Retriever:
             ),
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
+        clock.lap("bundle")
+        clock.total()
+        self._metrics.retrieve_requests.inc()
+        if floor_skipped:
+            self._metrics.min_score_skipped.inc()
         return RetrieveResponse(results=results, bundle=bundle, receipt=receipt)
 
     async def _candidates(
@@ -177,6 +194,7 @@ class Retriever:
         channels: dict[str, Ranking] = {}
         reports = [embedded.report] if embedded.report is not None else []
         for name, outcome in outcomes.items():
+            self._metrics.retrieve_duration.labels(name).observe(outcome.ms / 1000)
             ms = outcome.ms + (embedded.ms if name == "vector" else 0.0)
             if outcome.error is not None:
                 reports.append(ChannelReport(name=name, used=False, ms=ms, error=outcome.error))
@@ -223,6 +241,9 @@ class Retriever:
                     error=f"{type(error).__name__}: {error}",
                 ),
             )
+        self._metrics.retrieve_duration.labels("query_embedding").observe(_ms(started) / 1000)
+        self._metrics.embed_duration.labels("query").observe(_ms(started) / 1000)
+        self._metrics.texts_encoded.labels("query").inc()
         return _Embedded(vector, query_encoder, _ms(started), None)
 
     async def _nodes(self, shard: Shard, owner: str, node_ids: list[str]) -> dict[str, Any]:

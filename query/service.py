@@ -17,10 +17,12 @@ from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.dto import MsgspecDTO
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
+from prme.projectors.status import partition_statuses
 from prme.schemas.config import Settings
 from prme.schemas.errors import InvalidInput, PRMEError, ShardUnavailable
 from prme.schemas.records import Message
@@ -44,6 +46,7 @@ from .http_types import (
     SupersedeRequest,
     parse_token,
 )
+from .observe import CALLER_STATE, RequestObserver, metrics_endpoint
 from .types import EventView, StoreResult
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -65,9 +68,11 @@ class StrictBody(MsgspecDTO[T], Generic[T]):
 async def provide_caller(
     request: Request[Any, Any, Any], api_keys: NamedDependency[ApiKeys]
 ) -> Caller:
-    return api_keys.authenticate(
+    caller = api_keys.authenticate(
         request.headers.get("authorization"), request.headers.get("x-api-key")
     )
+    request.state[CALLER_STATE] = caller  # the access log hashes the owners it acted for
+    return caller
 
 
 EngineDep = NamedDependency[MemoryEngine]
@@ -88,8 +93,7 @@ async def health() -> Health:
 async def ready(engine: EngineDep) -> Response[Readiness]:
     runner = engine.runner
     shards = dict(runner.shards)
-    ends = await runner.transport.end_offsets()
-    lag = sum(max(0, ends.get(p, 0) - 1 - shard.position) for p, shard in shards.items())
+    lag = sum(s.lag_records for s in await partition_statuses(runner))
     detail = "projecting"
     ok = bool(shards)
     if not ok:
@@ -388,7 +392,8 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
     )
     open_routes = Router("/v1", route_handlers=[health, ready])
     return Litestar(
-        route_handlers=[protected, open_routes],
+        route_handlers=[protected, open_routes, metrics_endpoint],
+        middleware=[DefineMiddleware(RequestObserver, metrics=engine.metrics)],
         dependencies={
             "engine": Provide(lambda: engine, use_cache=True, sync_to_thread=False),
             "api_keys": Provide(lambda: api_keys, use_cache=True, sync_to_thread=False),

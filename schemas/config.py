@@ -119,6 +119,11 @@ class McpSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Recall receipts kept in memory for ``prme://receipts/{id}`` (oldest dropped first)."""
 
 
+class MetricsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    enabled: bool = True
+    """Record Prometheus metrics (served at ``GET /metrics``); off, nothing is recorded."""
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_dir: str = "./memory"
     models_dir: str | None = None
@@ -131,6 +136,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     limits: LimitsSettings = LimitsSettings()
     service: ServiceSettings = ServiceSettings()
     mcp: McpSettings = McpSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -17,6 +17,7 @@ Two kinds of series:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
@@ -37,6 +38,11 @@ Sample = Callable[[], Iterable[tuple[tuple[str, ...], float]]]
 """Returns ``(label values, value)`` pairs at scrape time."""
 
 
+def transport_label(transport: object) -> str:
+    """``kafka`` or ``local``: the transport's class name without ``LogTransport``."""
+    return type(transport).__name__.removesuffix("LogTransport").lower() or "log"
+
+
 class _Null:
     """An instrument that records nothing (metrics disabled)."""
 
@@ -54,6 +60,9 @@ class _Null:
     def clear(self) -> None: ...
 
     def remove(self, *values: Any) -> None: ...
+
+    def time(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
 
 class _Sampled(Collector):

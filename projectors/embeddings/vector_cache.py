@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
+
+from prme.schemas.metrics import Metrics
 
 from .protocol import EmbeddingIdentity
 from .validation import check_identity_unchanged, check_texts, identity_of, validate_vectors
@@ -56,6 +59,9 @@ class VectorCache:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
+        self.hits = 0
+        """Texts :meth:`get_many` found a vector for (this process, since opening)."""
+        self.misses = 0
 
     @property
     def path(self) -> Path:
@@ -82,12 +88,16 @@ class VectorCache:
                 )
                 stored.update(rows)
         width = ident.dimension * _FLOAT32.itemsize
-        return [
+        found = [
             np.frombuffer(blob, dtype=_FLOAT32).tolist()
             if (blob := stored.get(digest)) is not None and len(blob) == width
             else None
             for digest in hashes
         ]
+        hits = sum(vector is not None for vector in found)
+        self.hits += hits
+        self.misses += len(found) - hits
+        return found
 
     def put_many(
         self,
@@ -145,11 +155,11 @@ class VectorCache:
 
 
 async def embed_with_cache(
-    provider: Any, cache: VectorCache, texts: Sequence[str]
+    provider: Any, cache: VectorCache, texts: Sequence[str], metrics: Metrics | None = None
 ) -> list[list[float]]:
     """Vectors for ``texts`` in order (float32-rounded): cached ones from ``cache``, the
     rest from ONE ``provider.embed`` call over the distinct missing texts, validated and
-    stored before they are returned."""
+    stored before they are returned (the call counted and timed in ``metrics``)."""
     identity = identity_of(provider)
     batch = check_texts(texts)
     cached = cache.get_many(identity, batch)
@@ -158,7 +168,11 @@ async def embed_with_cache(
     )
     if not missing:
         return [vector for vector in cached if vector is not None]
+    started = time.perf_counter()
     fresh = validate_vectors(identity, len(missing), await provider.embed(missing))
+    if metrics is not None:
+        metrics.embed_duration.labels("document").observe(time.perf_counter() - started)
+        metrics.texts_encoded.labels("document").inc(len(missing))
     check_identity_unchanged(identity, provider)
     cache.put_many(identity, missing, fresh)
     computed = {text: as_float32(vector) for text, vector in zip(missing, fresh, strict=True)}

@@ -1,0 +1,95 @@
+"""Where the projector of this process stands, per partition: log end, applied offset, lag.
+
+One computation serves ``GET /v1/ready``, the lag series of ``GET /metrics`` and
+``prme status``. Lag counts records, not offsets: on Kafka a transaction's commit marker
+takes an offset no record has, so the lag is the log end minus the next offset the
+consumer reads (which has stepped over the markers), never ``end - 1 - applied``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+
+from prme.schemas.metrics import Metrics, transport_label
+
+from .runner import ProjectorRunner
+
+
+class PartitionStatus(msgspec.Struct, frozen=True, kw_only=True):
+    partition: int
+    log_end: int
+    """The offset the next record appended to this partition will get."""
+    applied_offset: int
+    """The last offset every live read model has applied (-1: none)."""
+    next_offset: int
+    """The offset the projector reads next (past transaction markers)."""
+    lag_records: int
+    lag_seconds: float
+    """Age of the oldest record not yet applied; 0 when caught up."""
+    dead_letters: int
+    """Records of this partition dead-lettered by this process since it started."""
+    size_bytes: dict[str, int] = {}
+    """Bytes on disk per read model (filled when asked for)."""
+
+
+async def partition_statuses(
+    runner: ProjectorRunner, *, sizes: bool = False
+) -> list[PartitionStatus]:
+    """The status of every partition this process projects, in partition order."""
+    transport = runner.transport
+    try:
+        ends = await transport.end_offsets()
+    except Exception:
+        runner.metrics.transport_errors.labels(transport_label(transport), "end_offsets").inc()
+        raise
+    now_ms = time.time() * 1000
+    statuses: list[PartitionStatus] = []
+    for partition, shard in sorted(runner.shards.items()):
+        end = ends.get(partition, 0)
+        following = runner.next_offset(partition)
+        lag = max(0, end - following)
+        age = 0.0
+        if lag:
+            oldest = await transport.read(partition, following, 1)
+            if oldest:
+                age = max(0.0, (now_ms - oldest[0].timestamp_ms) / 1000)
+            else:  # only aborted records or markers were left: nothing to apply
+                lag = 0
+        statuses.append(
+            PartitionStatus(
+                partition=partition,
+                log_end=end,
+                applied_offset=shard.applied_offset() if shard.models else -1,
+                next_offset=following,
+                lag_records=lag,
+                lag_seconds=age,
+                dead_letters=runner.dead_letters_by_partition.get(partition, 0),
+                size_bytes=_model_sizes(shard.directory) if sizes else {},
+            )
+        )
+    return statuses
+
+
+def record_statuses(metrics: Metrics, statuses: list[PartitionStatus]) -> None:
+    """Set the per-partition gauges (partitions no longer held disappear)."""
+    gauges = (metrics.lag_records, metrics.lag_seconds, metrics.log_end_offset)
+    for gauge in (*gauges, metrics.applied_offset):
+        gauge.clear()
+    for status in statuses:
+        label = str(status.partition)
+        metrics.lag_records.labels(label).set(status.lag_records)
+        metrics.lag_seconds.labels(label).set(status.lag_seconds)
+        metrics.log_end_offset.labels(label).set(status.log_end)
+        metrics.applied_offset.labels(label).set(status.applied_offset)
+
+
+def _model_sizes(directory: Path) -> dict[str, int]:
+    if not directory.exists():
+        return {}
+    sizes: dict[str, int] = {}
+    for model in sorted(p for p in directory.iterdir() if p.is_dir()):
+        sizes[model.name] = sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
+    return sizes

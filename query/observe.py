@@ -1,0 +1,99 @@
+"""What the HTTP service tells an operator: ``GET /metrics`` and one log line per request.
+
+The request middleware times each routed request into
+``prme_http_request_duration_seconds{route, method, status}`` (the route *template*,
+``/v1/events/{event_id:str}``, never the path; the status *class*, ``2xx``) and writes one
+line to the ``prme.http`` logger: route, method, status, duration and a hash of the owner
+the request acted for. Never the owner id itself, a query or any content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+from litestar import Response, get
+from litestar.di import NamedDependency
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from prme.projectors.status import partition_statuses, record_statuses
+from prme.schemas.metrics import CONTENT_TYPE, Metrics
+
+from .engine import MemoryEngine
+
+access_log = logging.getLogger("prme.http")
+CALLER_STATE = "prme_caller"
+"""Where the request's :class:`~prme.query.auth.Caller` is kept in the ASGI scope state."""
+
+
+def owner_hash(owner: str) -> str:
+    """A short, stable pseudonym of an owner id for logs (sha256, 16 hex digits)."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+
+class RequestObserver:
+    """ASGI middleware: duration histogram, in-flight gauge and the access log line."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        started = time.perf_counter()
+
+        async def observed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.http_in_flight.inc()
+        try:
+            await self.app(scope, receive, observed)
+        finally:
+            self.metrics.http_in_flight.dec()
+            elapsed = time.perf_counter() - started
+            route = scope.get("path_template") or "unmatched"
+            method = str(scope.get("method", ""))
+            self.metrics.http_request_duration.labels(route, method, f"{status // 100}xx").observe(
+                elapsed
+            )
+            if access_log.isEnabledFor(logging.INFO):
+                _log_request(scope, route, method, status, elapsed)
+
+
+def _log_request(scope: Scope, route: str, method: str, status: int, elapsed: float) -> None:
+    caller: Any = scope.get("state", {}).get(CALLER_STATE)
+    owners = sorted({owner_hash(o) for o in getattr(caller, "acted_for", ())})
+    access_log.info(
+        "%s %s %d %.1fms%s",
+        method,
+        route,
+        status,
+        elapsed * 1000,
+        f" owner={','.join(owners)}" if owners else "",
+        extra={
+            "route": route,
+            "method": method,
+            "status": status,
+            "duration_ms": round(elapsed * 1000, 3),
+            "owner_hash": owners[0] if len(owners) == 1 else owners or None,
+        },
+    )
+
+
+@get("/metrics", summary="Prometheus metrics (text format)", tags=["service"])
+async def metrics_endpoint(engine: NamedDependency[MemoryEngine]) -> Response[bytes]:
+    """Every series of this process; the lag gauges are computed now."""
+    metrics = engine.metrics
+    try:
+        record_statuses(metrics, await partition_statuses(engine.runner))
+    except Exception as error:  # the log is unreachable: serve the rest, say so in the log
+        logging.getLogger(__name__).warning("metrics: partition status unavailable: %s", error)
+    return Response(metrics.render(), media_type=CONTENT_TYPE)
