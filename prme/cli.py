@@ -39,6 +39,15 @@ def _add_log_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (PRME_LOG__BOOTSTRAP)")
 
 
+def _add_log_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="log lines on stderr: text, or one JSON object per line",
+    )
+
+
 def _read_lines(path: str) -> Iterator[bytes]:
     if path == "-":
         yield from sys.stdin.buffer
@@ -110,9 +119,11 @@ def _models_pull(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from prme.logs import configure
     from prme.query.serve import run_server
     from prme.schemas.errors import ConfigurationError
 
+    configure(args.log_format, getattr(logging, args.log_level.upper()), "prme serve")
     settings = _settings(args)
     service: dict[str, Any] = {}
     if args.host:
@@ -200,10 +211,9 @@ async def _project(settings: Settings) -> None:
 
 
 def _project_command(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s prme project[{os.getpid()}] %(message)s"
-    )
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    from prme.logs import configure
+
+    configure(args.log_format, tag=f"prme project[{os.getpid()}]")
     settings = _settings(args)
     if args.workers <= 1:
         asyncio.run(_project(settings))
@@ -216,6 +226,7 @@ def _project_command(args: argparse.Namespace) -> int:
         )
         return 2
     command = [sys.executable, "-m", "prme.cli", "project", "--workers", "1"]
+    command += ["--log-format", args.log_format]
     for option in ("data_dir", "transport", "bootstrap"):
         if getattr(args, option, None):
             command += [f"--{option.replace('_', '-')}", getattr(args, option)]
@@ -238,13 +249,78 @@ def _project_command(args: argparse.Namespace) -> int:
 
 
 async def _rebuild(args: argparse.Namespace) -> int:
+    from prme.logs import configure
     from prme.query.engine import MemoryEngine
 
+    configure(args.log_format, tag="prme rebuild")
     models = MODEL_NAMES if args.model == "all" else (args.model,)
-    async with await MemoryEngine.open(settings=_settings(args)) as engine:
+    # A directory holding only an ingested log is a pack whose read models are all missing.
+    settings = _settings(args)
+    async with await MemoryEngine.open(settings=settings, create_if_missing=True) as engine:
+        cache = engine.runner.vector_cache
+        hits, misses = cache.hits, cache.misses
         replayed = await engine.rebuild(models)
-    print(msgspec.json.encode({"models": list(models), "replayed": replayed}).decode())
+        # A durable-cache miss is a text the embedding model encoded for this rebuild.
+        vectors = {"from_cache": cache.hits - hits, "encoded": cache.misses - misses}
+    report = {"models": list(models), "replayed": replayed, "vectors": vectors}
+    print(msgspec.json.encode(report).decode())
     return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    import httpx
+
+    settings = _settings(args)
+    url = (args.url or f"http://{settings.service.host}:{settings.service.port}").rstrip("/")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        response = httpx.get(f"{url}/v1/status", headers=headers, timeout=args.timeout)
+    except httpx.HTTPError as error:
+        print(
+            f"prme status: no PRME service answers at {url} ({error}); status reports what a "
+            "running `prme serve` projects: start one, or pass --url",
+            file=sys.stderr,
+        )
+        return 1
+    if response.status_code != 200:
+        print(
+            f"prme status: {url} answered {response.status_code}: {response.text}", file=sys.stderr
+        )
+        return 1
+    if args.json:
+        print(response.text)
+    else:
+        print(render_status(response.json()))
+    return 0
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """The text form of ``prme status``: one line per partition, then the group."""
+    embedding = status["embedding"]
+    lines = [
+        f"transport {status['transport']}  group {status['group']}  "
+        f"lag {status['lag_records']} records  dead letters {status['dead_letters']}",
+        f"embedding {embedding['model_name']} {embedding['model_version']} "
+        f"dim {embedding['dimension']}"
+        + (
+            f"  MISMATCH in partitions {embedding['mismatched_partitions']}"
+            if embedding["mismatched_partitions"]
+            else ""
+        ),
+        f"{'partition':>9} {'log end':>9} {'applied':>9} {'lag':>7} {'lag s':>7} "
+        f"{'dead':>5} {'size MiB':>9}",
+    ]
+    for p in status["partitions"]:
+        size = sum(p["size_bytes"].values()) / 2**20
+        lines.append(
+            f"{p['partition']:>9} {p['log_end']:>9} {p['applied_offset']:>9} "
+            f"{p['lag_records']:>7} {p['lag_seconds']:>7.1f} {p['dead_letters']:>5} {size:>9.2f}"
+        )
+    for member in status.get("group_members") or []:
+        lines.append(
+            f"member {member['client_id']} at {member['host']}: partitions {member['partitions']}"
+        )
+    return "\n".join(lines)
 
 
 DESCRIPTION = """\
@@ -306,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     project = commands.add_parser("project", help="run projector workers until interrupted")
     project.add_argument("--workers", type=int, default=1, help="processes in the consumer group")
     _add_log_options(project)
+    _add_log_format(project)
     project.set_defaults(run=_project_command)
 
     rebuild = commands.add_parser(
@@ -313,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rebuild.add_argument("--model", choices=["all", *MODEL_NAMES], default="all")
     _add_log_options(rebuild)
+    _add_log_format(rebuild)
     rebuild.set_defaults(run=lambda a: asyncio.run(_rebuild(a)))
 
     serve = commands.add_parser("serve", help="run the HTTP service (docs/HTTP.md)")
@@ -322,7 +400,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     _add_log_options(serve)
+    _add_log_format(serve)
     serve.set_defaults(run=_serve)
+
+    status = commands.add_parser(
+        "status",
+        help="what a running service projects: partitions, offsets, lag, sizes, group",
+        description="Ask a running `prme serve` (GET /v1/status) which partitions it projects, "
+        "each one's log end, applied offset, lag and size on disk, its dead letters, its "
+        "embedding identity and, on Kafka, the consumer group's members.",
+    )
+    status.add_argument("--json", action="store_true", help="print the JSON document")
+    status.add_argument(
+        "--url", help="the service (default http://PRME_SERVICE__HOST:PRME_SERVICE__PORT)"
+    )
+    status.add_argument("--api-key", help="sent as a bearer token, if the service wants one")
+    status.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    status.set_defaults(run=_status)
 
     mcp = commands.add_parser(
         "mcp", help="run an MCP server: stdio, or streamable HTTP with --http (docs/MCP.md)"

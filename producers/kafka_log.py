@@ -22,6 +22,7 @@ from prme.schemas.errors import ConfigurationError, TransportError
 
 from .kafka_common import bounded, entry_of, stop_quietly
 from .kafka_consumer import KafkaLogConsumer
+from .kafka_group import GroupMember, describe_group
 from .partitioner import partition_for_key
 from .transport import LogEntry, LogItem, Position
 
@@ -384,6 +385,13 @@ class KafkaLogTransport:
         tps = [TopicPartition(self._topic, p) for p in range(self._partitions)]
         ends = await bounded(reader.end_offsets(tps), self._timeout_s, "end offsets")
         return {tp.partition: offset for tp, offset in ends.items()}
+
+    async def group_members(self, group: str) -> list[GroupMember]:
+        """The members of consumer group ``group`` and the partitions of this topic each
+        holds, as the group coordinator describes them."""
+        if self._admin is None:
+            raise TransportError("kafka transport is not started")
+        return await describe_group(self._admin, self._topic, group, self._timeout_s)
 
     def consumer(self, group: str) -> KafkaLogConsumer:
         return KafkaLogConsumer(

@@ -205,6 +205,11 @@ class ProjectorRunner:
         return await embed_with_cache(self.provider, self._vector_cache, texts, self.metrics)
 
     @property
+    def group(self) -> str:
+        """The consumer group this runner's consumer joins."""
+        return self._group
+
+    @property
     def vector_cache(self) -> VectorCache:
         """The durable vector cache (its ``hits`` and ``misses`` say what a rebuild reused)."""
         return self._vector_cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -71,6 +72,51 @@ async def partition_statuses(
             )
         )
     return statuses
+
+
+class EmbeddingStatus(msgspec.Struct, frozen=True, kw_only=True):
+    model_name: str
+    model_version: str
+    dimension: int
+    mismatched_partitions: list[int]
+    """Partitions whose vector model was built by another identity (rebuild them)."""
+
+
+class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``prme status`` shows: this process's partitions and the group around it."""
+
+    transport: str
+    group: str
+    partitions: list[PartitionStatus]
+    lag_records: int
+    dead_letters: int
+    embedding: EmbeddingStatus
+    group_members: list[Any] | None = None
+    """On Kafka, every member of the consumer group and the partitions it holds."""
+
+
+async def node_status(runner: ProjectorRunner) -> NodeStatus:
+    """The status of this process: partitions with sizes on disk, and on Kafka the group."""
+    partitions = await partition_statuses(runner, sizes=True)
+    describe = getattr(runner.transport, "group_members", None)
+    members = await describe(runner.group) if describe is not None else None
+    identity = runner.identity
+    return NodeStatus(
+        transport=transport_label(runner.transport),
+        group=runner.group,
+        partitions=partitions,
+        lag_records=sum(p.lag_records for p in partitions),
+        dead_letters=runner.dead_letter_count,
+        embedding=EmbeddingStatus(
+            model_name=identity.model_name,
+            model_version=identity.model_version,
+            dimension=identity.dimension,
+            mismatched_partitions=sorted(
+                p for p, shard in runner.shards.items() if shard.vector_mismatch
+            ),
+        ),
+        group_members=members,
+    )
 
 
 def record_statuses(metrics: Metrics, statuses: list[PartitionStatus]) -> None:

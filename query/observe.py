@@ -18,7 +18,7 @@ from litestar import Response, get
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from prme.projectors.status import partition_statuses, record_statuses
+from prme.projectors.status import NodeStatus, node_status, partition_statuses, record_statuses
 from prme.schemas.metrics import CONTENT_TYPE, Metrics
 
 from .engine import MemoryEngine
@@ -97,3 +97,9 @@ async def metrics_endpoint(engine: NamedDependency[MemoryEngine]) -> Response[by
     except Exception as error:  # the log is unreachable: serve the rest, say so in the log
         logging.getLogger(__name__).warning("metrics: partition status unavailable: %s", error)
     return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+
+@get("/v1/status", summary="This process: partitions, offsets, lag, sizes, group", tags=["service"])
+async def status_endpoint(engine: NamedDependency[MemoryEngine]) -> NodeStatus:
+    """What ``prme status`` prints (no owner data: partitions, offsets and sizes only)."""
+    return await node_status(engine.runner)

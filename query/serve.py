@@ -48,6 +48,8 @@ async def run_server(
             host=settings.service.host,
             port=settings.service.port,
             log_level=log_level,
+            log_config=None,  # the caller configures logging (prme serve: prme.logs)
+            access_log=False,  # one line per request comes from prme.http instead
             lifespan="off",
             server_header=False,
         )

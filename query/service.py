@@ -46,7 +46,7 @@ from .http_types import (
     SupersedeRequest,
     parse_token,
 )
-from .observe import CALLER_STATE, RequestObserver, metrics_endpoint
+from .observe import CALLER_STATE, RequestObserver, metrics_endpoint, status_endpoint
 from .types import EventView, StoreResult
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -392,8 +392,9 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
     )
     open_routes = Router("/v1", route_handlers=[health, ready])
     return Litestar(
-        route_handlers=[protected, open_routes, metrics_endpoint],
+        route_handlers=[protected, open_routes, metrics_endpoint, status_endpoint],
         middleware=[DefineMiddleware(RequestObserver, metrics=engine.metrics)],
+        logging_config=None,  # logging is the process's to configure (prme.logs), not the app's
         dependencies={
             "engine": Provide(lambda: engine, use_cache=True, sync_to_thread=False),
             "api_keys": Provide(lambda: api_keys, use_cache=True, sync_to_thread=False),

@@ -1,0 +1,42 @@
+"""Who is in a Kafka consumer group, and which partitions each member holds."""
+
+from __future__ import annotations
+
+import msgspec
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+from .kafka_common import bounded
+
+
+class GroupMember(msgspec.Struct, frozen=True, kw_only=True):
+    """One member of a consumer group: who it is and which partitions it holds."""
+
+    member_id: str
+    client_id: str
+    host: str
+    partitions: list[int]
+
+
+async def describe_group(
+    admin: AIOKafkaAdminClient, topic: str, group: str, timeout_s: float
+) -> list[GroupMember]:
+    """The members of ``group`` with the partitions of ``topic`` each holds, as the group
+    coordinator describes them (members subscribed to other topics hold none of ours)."""
+    responses = await bounded(admin.describe_consumer_groups([group]), timeout_s, "describe group")
+    members: list[GroupMember] = []
+    for response in responses:
+        for described in response.to_object()["groups"]:
+            for member in described["members"]:
+                raw = member["member_assignment"]
+                held = ConsumerProtocolMemberAssignment.decode(raw).assignment if raw else []
+                partitions = sorted(p for name, ps in held if name == topic for p in ps)
+                members.append(
+                    GroupMember(
+                        member_id=member["member_id"],
+                        client_id=member["client_id"],
+                        host=member["client_host"],
+                        partitions=partitions,
+                    )
+                )
+    return sorted(members, key=lambda m: (m.partitions, m.member_id))

@@ -1,0 +1,105 @@
+"""Operator output: JSON log lines (one per request, no owner or content), catch-up
+progress, and what a rebuild took from the vector cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.model
+
+OWNER = "owner-9c2e-private"
+CONTENT = "The vault combination is written on the blue card"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def prme(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "prme.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ.copy(),
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_serve_logs_one_json_line_per_request_without_owner_or_content(tmp_path: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prme.cli", "serve", "--port", str(port)]
+        + ["--data-dir", str(tmp_path / "pack"), "--log-format", "json"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            try:
+                if httpx.get(f"{url}/v1/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "prme serve did not answer"
+            time.sleep(0.2)  # poll interval while the service starts
+        body = {"user_id": OWNER, "content": CONTENT}
+        assert httpx.post(f"{url}/v1/memories", json=body, timeout=60).status_code == 201
+        query = {"user_id": OWNER, "query": "vault combination"}
+        assert httpx.post(f"{url}/v1/retrieve", json=query, timeout=60).status_code == 200
+    finally:
+        server.send_signal(signal.SIGTERM)
+        _, err = server.communicate(timeout=60)
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+    requests = [line for line in lines if line["logger"] == "prme.http"]
+    by_route = {(r["method"], r["route"]): r for r in requests}
+    stored = by_route[("POST", "/v1/memories")]
+    assert stored["status"] == 201 and stored["duration_ms"] > 0
+    assert stored["owner_hash"] == hashlib.sha256(OWNER.encode()).hexdigest()[:16]
+    assert by_route[("POST", "/v1/retrieve")]["status"] == 200
+    assert by_route[("GET", "/v1/health")]["status"] == 200
+    assert "owner_hash" not in by_route[("GET", "/v1/health")]
+    assert OWNER not in err and "vault" not in err and "blue card" not in err
+
+
+def test_rebuild_reports_cache_use_and_catch_up_progress(tmp_path: Path) -> None:
+    sample = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "make_sample.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    source = tmp_path / "sample.jsonl"
+    source.write_text(sample)
+    data = ["--data-dir", str(tmp_path / "pack")]
+    assert prme("ingest", str(source), "--quiet", *data).returncode == 0
+    records = len(sample.splitlines())
+
+    result = prme("rebuild", "--model", "vector", *data, "--log-format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    # Opening the pack caught up (encoding every text once); the rebuild reused them all.
+    assert report["vectors"] == {"from_cache": records, "encoded": 0}
+    assert sum(report["replayed"].values()) == records
+    logs = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    messages = [line["message"] for line in logs if line["logger"] == "prme.projector"]
+    assert any(
+        m.startswith(f"catching up: {records} records to apply in partitions") for m in messages
+    ), messages
+    assert f"caught up: {records} records applied" in messages

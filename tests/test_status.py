@@ -1,0 +1,119 @@
+"""`prme status [--json]` against a running service, on both transports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from prme.query.serve import run_server
+from prme.schemas.config import Settings
+
+WRITES = {"alice": 3, "bob": 2, "carol": 1}
+
+
+@asynccontextmanager
+async def serving(settings: Settings, provider: Any) -> AsyncIterator[str]:
+    """``run_server`` on a free loopback port; yields its URL once it answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    shutdown = asyncio.Event()
+    server = asyncio.create_task(
+        run_server(
+            settings,
+            embedding_provider=provider,
+            sockets=[listener],
+            shutdown=shutdown,
+            log_level="warning",
+        )
+    )
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            deadline = asyncio.get_running_loop().time() + 120
+            while True:
+                assert not server.done(), server.exception()
+                try:
+                    if (await client.get("/v1/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert asyncio.get_running_loop().time() < deadline, "service did not start"
+                await asyncio.sleep(0.1)  # poll interval while the engine opens
+        yield url
+    finally:
+        shutdown.set()
+        await asyncio.wait_for(server, 60)
+        listener.close()
+
+
+async def prme_status(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prme.cli",
+        "status",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def check_status(settings: Settings, provider: Any) -> dict[str, Any]:
+    async with serving(settings, provider) as url, httpx.AsyncClient(base_url=url) as client:
+        for owner, count in WRITES.items():
+            for i in range(count):
+                body = {"user_id": owner, "content": f"{owner} remembers item {i}"}
+                assert (await client.post("/v1/memories", json=body)).status_code == 201
+        code, out, err = await prme_status("--json", "--url", url)
+        assert code == 0, err
+        status = json.loads(out)
+        code, text, err = await prme_status("--url", url)
+        assert code == 0, err
+    partitions = {p["partition"]: p for p in status["partitions"]}
+    assert sorted(partitions) == [0, 1, 2, 3]
+    assert status["lag_records"] == 0 and status["dead_letters"] == 0
+    written = [p for p in partitions.values() if p["log_end"] > 0]
+    assert sum(p["applied_offset"] + 1 for p in written) >= sum(WRITES.values())
+    for p in partitions.values():
+        assert p["lag_records"] == 0 and p["lag_seconds"] == 0
+        assert p["next_offset"] == p["log_end"]
+    for p in written:
+        assert p["size_bytes"]["lexical"] > 0 and p["size_bytes"]["events"] > 0
+    assert status["embedding"]["dimension"] == provider.dimension
+    assert status["embedding"]["model_name"] == provider.model_name
+    assert status["embedding"]["mismatched_partitions"] == []
+    assert "partition" in text and "lag 0 records" in text
+    assert "alice" not in out and "remembers" not in out
+    return status
+
+
+async def test_status_on_the_local_log(local_settings: Settings, hashed_provider: Any) -> None:
+    status = await check_status(local_settings, hashed_provider)
+    assert status["transport"] == "local" and status["group_members"] is None
+    assert sum(p["log_end"] for p in status["partitions"]) == sum(WRITES.values())
+
+
+@pytest.mark.kafka
+async def test_status_on_kafka_names_the_group_members(
+    kafka_settings: Settings, hashed_provider: Any
+) -> None:
+    status = await check_status(kafka_settings, hashed_provider)
+    assert status["transport"] == "kafka" and status["group"] == "prme-projectors"
+    ours = [m for m in status["group_members"] if m["partitions"]]
+    assert len(ours) == 1 and ours[0]["partitions"] == [0, 1, 2, 3]
+
+
+async def test_status_without_a_service_says_so(unused_tcp_port: int) -> None:
+    code, _, err = await prme_status("--url", f"http://127.0.0.1:{unused_tcp_port}")
+    assert code == 1 and "no PRME service answers" in err
