@@ -13,8 +13,14 @@ In-process: ``MemoryEngine.retrieve`` wall time. HTTP: the same pack served by
 with ``HttpMemoryBackend`` (httpx) from the main loop, after the in-process engine is
 closed, over one reused keep-alive connection and with a new connection per request.
 
+Metrics overhead: the spread pack is reopened with Prometheus metrics off and on
+(``Settings.metrics.enabled``), alternating, ``--overhead-rounds`` times each; every round
+measures retrieve p95 in-process and over HTTP (keep-alive, where the request middleware
+runs too). Reported: the median of the rounds' p95 for each, and on/off ratios (target:
+on <= 1.05 x off). ``--overhead-only`` builds just the spread pack and measures this.
+
     python -m benchmarks.retrieve_latency [--memories 100000] [--owners 1000]
-        [--queries 200] [--no-http] [--out FILE]
+        [--queries 200] [--no-http] [--overhead-rounds 5] [--overhead-only] [--out FILE]
 """
 
 from __future__ import annotations
@@ -51,8 +57,10 @@ from prme.query.engine import MemoryEngine
 from prme.query.http_client import HttpMemoryBackend
 from prme.query.serve import run_server
 from prme.schemas.config import Settings
+from prme.schemas.metrics import Metrics
 
 TARGET_P95_MS = 50.0
+TARGET_METRICS_RATIO = 1.05
 LOAD_BATCH = 1000
 
 
@@ -163,6 +171,7 @@ async def over_http(
     owners: list[str],
     queries: int,
     warmup: int,
+    modes: tuple[str, ...] = ("keepalive", "new_connection_per_request"),
 ) -> dict[str, LatencySummary]:
     """Serve the pack with ``run_server`` on a loopback socket, in its own thread and event
     loop, and query it with httpx from this loop."""
@@ -180,6 +189,8 @@ async def over_http(
         "keepalive": HttpMemoryBackend(url, timeout_s=300),
         "new_connection_per_request": HttpMemoryBackend(url, timeout_s=300, transport=no_keepalive),
     }
+    for name in set(clients) - set(modes):
+        await clients.pop(name).close()
     summaries: dict[str, LatencySummary] = {}
     try:
         for name, client in clients.items():
@@ -224,6 +235,80 @@ async def layout(
     return report
 
 
+async def metrics_overhead(
+    directory: Path,
+    provider: HashedBagOfWordsProvider,
+    arguments: argparse.Namespace,
+    owners: list[str],
+) -> dict[str, Any]:
+    """p95 with metrics off and on over the same pack, alternating rounds (see module doc)."""
+    base = Settings(data_dir=str(directory), models_dir=str(arguments.models_dir))
+    p95: dict[str, dict[str, list[float]]] = {
+        "in_process": {"off": [], "on": []},
+        "http_keepalive": {"off": [], "on": []},
+    }
+    for round_ in range(arguments.overhead_rounds):
+        for state in ("off", "on"):
+            settings = base.replace(metrics={"enabled": state == "on"})
+            engine = await MemoryEngine.open(settings=settings, embedding_provider=provider)
+            try:
+                summary, _ = await query_latency(
+                    engine, owners, arguments.queries, arguments.warmup, seed=11 + round_
+                )
+            finally:
+                await engine.close()
+            p95["in_process"][state].append(summary.p95_ms)
+            if arguments.http:
+                served = await over_http(
+                    settings, provider, owners, arguments.queries, arguments.warmup, ("keepalive",)
+                )
+                p95["http_keepalive"][state].append(served["keepalive"].p95_ms)
+    report: dict[str, Any] = {
+        "rounds": arguments.overhead_rounds,
+        "target_ratio": TARGET_METRICS_RATIO,
+        "recording_cost": recording_cost_us(),
+    }
+    for path, runs in p95.items():
+        if not runs["on"]:
+            continue
+        off, on = median(runs["off"]), median(runs["on"])
+        report[path] = {
+            "p95_ms_off_rounds": [round(v, 3) for v in runs["off"]],
+            "p95_ms_on_rounds": [round(v, 3) for v in runs["on"]],
+            "p95_ms_off_median": round(off, 3),
+            "p95_ms_on_median": round(on, 3),
+            "ratio_on_to_off": round(on / off, 3),
+            "meets_target": on / off <= TARGET_METRICS_RATIO,
+        }
+    return report
+
+
+def recording_cost_us(repeats: int = 5, requests: int = 20_000) -> dict[str, Any]:
+    """What the metric calls of one HTTP retrieve cost, in microseconds (median of
+    ``repeats`` runs of ``requests``): the same calls the middleware and the retriever make,
+    on a live registry. Steadier than the p95s, which this machine's load moves."""
+    metrics = Metrics(enabled=True)
+    runs: list[float] = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(requests):
+            metrics.http_in_flight.inc()
+            clock = metrics.stopwatch()
+            metrics.retrieve_duration.labels("query_embedding").observe(0.004)
+            metrics.embed_duration.labels("query").observe(0.004)
+            metrics.texts_encoded.labels("query").inc()
+            metrics.retrieve_duration.labels("lexical").observe(0.002)
+            metrics.retrieve_duration.labels("vector").observe(0.003)
+            for stage in ("candidates", "fusion", "stages", "bundle"):
+                clock.lap(stage)
+            clock.total()
+            metrics.retrieve_requests.inc()
+            metrics.http_in_flight.dec()
+            metrics.http_request_duration.labels("/v1/retrieve", "POST", "2xx").observe(0.01)
+        runs.append((time.perf_counter() - started) / requests * 1e6)
+    return {"per_request_us_median": round(median(runs), 2), "runs_us": [round(r, 2) for r in runs]}
+
+
 async def embed_latency(models_dir: Path, queries: int) -> LatencySummary:
     """The default model's time to embed one short query (no cache)."""
     provider = FastEmbedProvider(model_path=ensure_default_model(models_dir))
@@ -240,10 +325,25 @@ async def embed_latency(models_dir: Path, queries: int) -> LatencySummary:
 
 async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     provider = HashedBagOfWordsProvider(dimension=arguments.dimension)
-    layouts = {
-        "spread": [f"user-{index:04d}" for index in range(arguments.owners)],
-        "single_owner": ["user-solo"],
-    }
+    spread = [f"user-{index:04d}" for index in range(arguments.owners)]
+    if arguments.overhead_only:
+        settings = Settings(data_dir=str(work / "spread"), models_dir=str(arguments.models_dir))
+        engine = await MemoryEngine.create(settings=settings, embedding_provider=provider)
+        try:
+            await load(engine, arguments.memories, spread, seed=len(spread))
+        finally:
+            await engine.close()
+        return {
+            "benchmark": "retrieve_latency",
+            "machine": machine(),
+            "memories": arguments.memories,
+            "owners": len(spread),
+            "queries": arguments.queries,
+            "metrics_overhead": await metrics_overhead(
+                work / "spread", provider, arguments, spread
+            ),
+        }
+    layouts = {"spread": spread, "single_owner": ["user-solo"]}
     results = {
         name: await layout(name, work / name, provider, arguments, owners)
         for name, owners in layouts.items()
@@ -271,6 +371,7 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         "layouts": results,
         "real_model_embed_query": embed,
         "with_real_model": totals,
+        "metrics_overhead": await metrics_overhead(work / "spread", provider, arguments, spread),
         "http_note": (
             "server (run_server: uvicorn) in its own thread and event loop, client (httpx, "
             "HttpMemoryBackend) in the main loop of the same process; keepalive reuses one "
@@ -290,6 +391,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dimension", type=int, default=384)
     parser.add_argument("--models-dir", type=Path, default=Settings().models_path)
     parser.add_argument("--no-http", dest="http", action="store_false")
+    parser.add_argument(
+        "--overhead-rounds", type=int, default=5, help="metrics off/on rounds (default 5)"
+    )
+    parser.add_argument(
+        "--overhead-only", action="store_true", help="only the metrics on/off comparison"
+    )
     add_common_options(parser)
     arguments = parser.parse_args(argv)
     with scratch_directory(arguments.work_dir) as work:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -17,6 +18,9 @@ import msgspec
 
 from prme.projectors.registry import MODEL_NAMES
 from prme.schemas.config import Settings
+
+LAG_REFRESH_S = 5.0
+"""How often ``prme project --metrics-port`` recomputes the lag gauges."""
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -185,26 +189,46 @@ def _mcp(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _project(settings: Settings) -> None:
+async def _project(settings: Settings, metrics_port: int | None = None) -> None:
+    from prometheus_client import start_http_server
+
     from prme.producers.factory import open_dead_letters, open_transport
     from prme.projectors.runner import ProjectorRunner
+    from prme.projectors.status import partition_statuses, record_statuses
     from prme.query.engine import default_provider
+    from prme.schemas.metrics import Metrics
 
     transport, dead_letters = open_transport(settings), open_dead_letters(settings)
     await transport.start()
     await dead_letters.start()
+    metrics = Metrics(enabled=metrics_port is not None and settings.metrics.enabled)
     runner = ProjectorRunner(
-        settings, transport, default_provider(settings), dead_letters=dead_letters
+        settings, transport, default_provider(settings), dead_letters=dead_letters, metrics=metrics
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    server = None
+
+    async def refresh_lag() -> None:  # the scrape runs on the exporter's thread: no awaiting
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # the log unreachable: keep the last values
+                record_statuses(metrics, await partition_statuses(runner))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), LAG_REFRESH_S)
+
     try:
         await runner.start()
         print(f"projecting {sorted(runner.shards)} into {settings.data_dir}", file=sys.stderr)
+        if metrics_port is not None:
+            server, _ = start_http_server(metrics_port, "127.0.0.1", metrics.registry)
+            print(f"metrics on http://127.0.0.1:{metrics_port}/metrics", file=sys.stderr)
+            await refresh_lag()
         await stop.wait()
     finally:
+        if server is not None:
+            server.shutdown()
         await runner.close()
         await dead_letters.close()
         await transport.close()
@@ -216,7 +240,7 @@ def _project_command(args: argparse.Namespace) -> int:
     configure(args.log_format, tag=f"prme project[{os.getpid()}]")
     settings = _settings(args)
     if args.workers <= 1:
-        asyncio.run(_project(settings))
+        asyncio.run(_project(settings, args.metrics_port))
         return 0
     if settings.log.transport != "kafka":
         print(
@@ -230,7 +254,13 @@ def _project_command(args: argparse.Namespace) -> int:
     for option in ("data_dir", "transport", "bootstrap"):
         if getattr(args, option, None):
             command += [f"--{option.replace('_', '-')}", getattr(args, option)]
-    workers = [subprocess.Popen(command) for _ in range(args.workers)]
+    ports = [
+        None if args.metrics_port is None else args.metrics_port + i for i in range(args.workers)
+    ]
+    workers = [
+        subprocess.Popen(command + ([] if port is None else ["--metrics-port", str(port)]))
+        for port in ports
+    ]
     forwarded = False
 
     def forward(signum: int, frame: object) -> None:
@@ -381,6 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     project = commands.add_parser("project", help="run projector workers until interrupted")
     project.add_argument("--workers", type=int, default=1, help="processes in the consumer group")
+    project.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (worker i: PORT+i)",
+    )
     _add_log_options(project)
     _add_log_format(project)
     project.set_defaults(run=_project_command)

@@ -74,8 +74,14 @@ def test_retrieve_benchmark_reports_engine_http_and_embedding_latency(
         retrieve_latency.main,
         tmp_path,
         *("--memories", "120", "--owners", "6", "--queries", "8", "--warmup", "2"),
-        *("--models-dir", str(default_model_dir.parent)),
+        *("--models-dir", str(default_model_dir.parent), "--overhead-rounds", "1"),
     )
+    overhead = report["metrics_overhead"]
+    for path in ("in_process", "http_keepalive"):
+        runs = overhead[path]
+        assert len(runs["p95_ms_off_rounds"]) == len(runs["p95_ms_on_rounds"]) == 1
+        ratio = runs["p95_ms_on_median"] / runs["p95_ms_off_median"]
+        assert runs["ratio_on_to_off"] == pytest.approx(ratio, abs=0.001)
     for name, owners in (("spread", 6), ("single_owner", 1)):
         layout = report["layouts"][name]
         assert layout["owners"] == owners

@@ -1,17 +1,20 @@
 """`prme project --workers 2` on Kafka: two processes split the partitions through the
-consumer group and together project the whole log."""
+consumer group and together project the whole log, each serving its own metrics."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from prme.producers.factory import open_transport
 from prme.producers.producer import MessageDraft, Producer
@@ -31,6 +34,31 @@ def projected_events(data_dir: Path) -> int:
         finally:
             connection.close()
     return total
+
+
+def two_free_ports() -> int:
+    """A port P such that P and P + 1 are free on the loopback interface."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Each series summed over its labels."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return sums
 
 
 async def test_two_workers_split_the_partitions_and_project_everything(
@@ -64,6 +92,8 @@ async def test_two_workers_split_the_partitions_and_project_everything(
         kafka_settings.log.bootstrap,
         "--data-dir",
         str(data_dir),
+        "--metrics-port",
+        str(port := two_free_ports()),
     ]
     workers = subprocess.Popen(
         command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -74,6 +104,17 @@ async def test_two_workers_split_the_partitions_and_project_everything(
             assert workers.poll() is None, workers.stderr.read() if workers.stderr else ""
             time.sleep(0.25)
         assert projected_events(data_dir) == len(owners)
+        # Each worker serves its own series; together they applied every record, and the
+        # lag gauges (refreshed every few seconds) come back to 0.
+        while True:
+            workers_metrics = [scrape(port), scrape(port + 1)]
+            applied = sum(m.get("prme_projector_records_applied_total", 0) for m in workers_metrics)
+            lag = sum(m.get("prme_projector_lag_records", 0) for m in workers_metrics)
+            ends = sum(m.get("prme_projector_log_end_offset", 0) for m in workers_metrics)
+            if applied == len(owners) and lag == 0 and ends >= len(owners):
+                break
+            assert time.monotonic() < deadline, workers_metrics
+            time.sleep(0.5)  # poll interval: the lag gauges refresh every 5 s
     finally:
         os.killpg(workers.pid, signal.SIGINT)
         _, log = workers.communicate(timeout=60)
