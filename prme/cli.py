@@ -197,11 +197,15 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
     from prme.projectors.status import partition_statuses, record_statuses
     from prme.query.engine import default_provider
     from prme.schemas.metrics import Metrics
+    from prme.schemas.tracing import Tracing
 
     transport, dead_letters = open_transport(settings), open_dead_letters(settings)
     await transport.start()
     await dead_letters.start()
-    metrics = Metrics(enabled=metrics_port is not None and settings.metrics.enabled)
+    metrics = Metrics(
+        enabled=metrics_port is not None and settings.metrics.enabled,
+        tracing=Tracing.create(settings.tracing.enabled),
+    )
     runner = ProjectorRunner(
         settings, transport, default_provider(settings), dead_letters=dead_letters, metrics=metrics
     )

@@ -172,11 +172,16 @@ class Producer:
             )
         items = [_log_item(record) for record in records]
         started = time.perf_counter()
-        try:
-            positions = await self._transport.append_many(items, atomic=atomic)
-        except TransportError:
-            self._metrics.transport_errors.labels(self._label, "append").inc()
-            raise
+        event_ids = [record.event_id for record in records]
+        attributes = {"prme.transport": self._label, "prme.event_ids": event_ids}
+        with self._metrics.tracing.span("prme.append", attributes) as span:
+            try:
+                positions = await self._transport.append_many(items, atomic=atomic)
+            except TransportError:
+                self._metrics.transport_errors.labels(self._label, "append").inc()
+                raise
+            if span is not None:
+                span.set_attribute("prme.partitions", sorted({p.partition for p in positions}))
         self._metrics.append_duration.labels(self._label).observe(time.perf_counter() - started)
         self._metrics.log_appends.labels(self._label).inc(len(items))
         return [AppendReceipt(r.event_id, p) for r, p in zip(records, positions, strict=True)]

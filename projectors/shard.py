@@ -152,10 +152,17 @@ class Shard:
             projected.append(ProjectedRecord(offset=entry.offset, record=record, node=node))
         if not projected:
             return dead
-        vector = live.get("vector")
-        if vector is not None:
-            projected = await self._with_vectors(projected, vector.applied_offset(), encode)
-        dead.extend(await self.run(self._apply_all, live, projected))
+        attributes = {
+            "prme.partition": self.partition,
+            "prme.first_offset": projected[0].offset,
+            "prme.last_offset": projected[-1].offset,
+            "prme.event_ids": [p.record.event_id for p in projected],  # links to prme.append
+        }
+        with self._metrics.tracing.span("prme.apply", attributes):
+            vector = live.get("vector")
+            if vector is not None:
+                projected = await self._with_vectors(projected, vector.applied_offset(), encode)
+            dead.extend(await self.run(self._apply_all, live, projected))
         return dead
 
     async def _with_vectors(

@@ -31,6 +31,7 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, NotFound
 from prme.schemas.metrics import Metrics
 from prme.schemas.records import Message, Record, memory_node_id
+from prme.schemas.tracing import Tracing
 
 from .backend import MemoryBackend
 from .http_types import RetrieveRequest, StoreRequest
@@ -73,12 +74,14 @@ class MemoryEngine(MemoryBackend):
         *,
         settings: Settings | None = None,
         embedding_provider: EmbeddingProvider | None = None,
+        metrics: Metrics | None = None,
     ) -> Self:
-        """Create a new pack in ``directory`` (refused if one is there)."""
+        """Create a new pack in ``directory`` (refused if one is there). ``metrics``: the
+        instruments (and tracing) to record into; default, built from ``settings``."""
         settings = _settings_for(directory, settings)
         if load_pack_config(settings.data_path) is not None:
             raise ConfigurationError(f"{settings.data_dir} already holds a PRME pack: use open()")
-        return await cls._start(settings, embedding_provider)
+        return await cls._start(settings, embedding_provider, metrics)
 
     @classmethod
     async def open(
@@ -88,15 +91,18 @@ class MemoryEngine(MemoryBackend):
         settings: Settings | None = None,
         embedding_provider: EmbeddingProvider | None = None,
         create_if_missing: bool = False,
+        metrics: Metrics | None = None,
     ) -> Self:
         """Open the pack in ``directory`` (created when missing and ``create_if_missing``)."""
         settings = _settings_for(directory, settings)
         if load_pack_config(settings.data_path) is None and not create_if_missing:
             raise ConfigurationError(f"no PRME pack in {settings.data_dir}: use create()")
-        return await cls._start(settings, embedding_provider)
+        return await cls._start(settings, embedding_provider, metrics)
 
     @classmethod
-    async def _start(cls, settings: Settings, provider: EmbeddingProvider | None) -> Self:
+    async def _start(
+        cls, settings: Settings, provider: EmbeddingProvider | None, metrics: Metrics | None
+    ) -> Self:
         data_dir = settings.data_path
         saved = load_pack_config(data_dir)
         if provider is None:
@@ -125,7 +131,7 @@ class MemoryEngine(MemoryBackend):
             transport,
             provider,
             dead_letters=dead_letters,
-            metrics=Metrics(enabled=settings.metrics.enabled),
+            metrics=metrics or metrics_from(settings),
         )
         await runner.start()
         await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
@@ -357,6 +363,12 @@ class MemoryEngine(MemoryBackend):
             (p, s) for p, s in sorted(self.runner.shards.items()) if s is not own and s.models
         ]
         return [(own.partition, own), *others]
+
+
+def metrics_from(settings: Settings) -> Metrics:
+    """Metrics (and tracing) as ``settings`` ask: on by default, spans only when enabled."""
+    tracing = Tracing.create(settings.tracing.enabled)
+    return Metrics(enabled=settings.metrics.enabled, tracing=tracing)
 
 
 def default_provider(settings: Settings) -> EmbeddingProvider:

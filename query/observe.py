@@ -54,13 +54,20 @@ class RequestObserver:
             await send(message)
 
         self.metrics.http_in_flight.inc()
+        route = scope.get("path_template") or "unmatched"
+        method = str(scope.get("method", ""))
         try:
-            await self.app(scope, receive, observed)
+            with self.metrics.tracing.span(
+                f"{method} {route}",
+                {"http.request.method": method, "http.route": route},
+                server=True,
+            ) as span:
+                await self.app(scope, receive, observed)
+                if span is not None:
+                    span.set_attribute("http.response.status_code", status)
         finally:
             self.metrics.http_in_flight.dec()
             elapsed = time.perf_counter() - started
-            route = scope.get("path_template") or "unmatched"
-            method = str(scope.get("method", ""))
             self.metrics.http_request_duration.labels(route, method, f"{status // 100}xx").observe(
                 elapsed
             )

@@ -13,7 +13,7 @@ import uuid_utils
 from prme.projectors.runner import ProjectorRunner
 from prme.projectors.shard import Shard
 from prme.schemas.config import QuerySettings, Settings
-from prme.schemas.metrics import Metrics
+from prme.schemas.metrics import Metrics, Stopwatch
 
 from .analysis import QueryAnalysis, analyse, speaker_factor
 from .bundle import pack
@@ -60,13 +60,13 @@ class Retriever:
         fusion: FusionName | None = None,
     ) -> RetrieveResponse:
         started = time.perf_counter()
-        clock = self._metrics.stopwatch()
         fusion = fusion or self._settings.scoring.fusion
         shard = await self._runner.shard_for(owner)
+        clock = self._metrics.stopwatch({"prme.partition": shard.partition, "prme.fusion": fusion})
         analysis = analyse(query, self._settings.query, await self._speakers(shard, owner))
         limit = max(self._settings.scoring.candidates, top_k)
         channels, reports, query_vector, embed_query_used = await self._candidates(
-            shard, query, analysis, owner, scope, limit, include_archived
+            shard, query, analysis, owner, scope, limit, include_archived, clock
         )
         clock.lap("candidates")
         fused = fuse(
@@ -146,7 +146,7 @@ class Retriever:
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
         clock.lap("bundle")
-        clock.total()
+        clock.total({"prme.results": len(results), "prme.min_score_skipped": floor_skipped})
         self._metrics.retrieve_requests.inc()
         if floor_skipped:
             self._metrics.min_score_skipped.inc()
@@ -161,6 +161,7 @@ class Retriever:
         scope: str | None,
         limit: int,
         include_archived: bool,
+        clock: Stopwatch,
     ) -> tuple[dict[str, Ranking], list[ChannelReport], list[float] | None, bool]:
         """Every channel's ranking. The query is embedded while the lexical (and graph)
         channels search on the shard's thread; the vector channel searches once the
@@ -168,7 +169,7 @@ class Retriever:
         channel, the query vector (``None`` when the vector channel did not run) and whether
         ``embed_query`` was used. A channel's ``ms`` is its time on the shard's thread, plus
         the query embedding for the vector channel."""
-        embedding = asyncio.create_task(self._embed(shard, analysis.vector_query))
+        embedding = asyncio.create_task(self._embed(shard, analysis.vector_query, clock))
         calls: dict[str, Callable[[Any], Any]] = {
             "lexical": lambda m: m.search(
                 analysis.lexical_query, owner, scope, limit, include_archived
@@ -194,7 +195,7 @@ class Retriever:
         channels: dict[str, Ranking] = {}
         reports = [embedded.report] if embedded.report is not None else []
         for name, outcome in outcomes.items():
-            self._metrics.retrieve_duration.labels(name).observe(outcome.ms / 1000)
+            clock.stage(name, outcome.ms / 1000)
             ms = outcome.ms + (embedded.ms if name == "vector" else 0.0)
             if outcome.error is not None:
                 reports.append(ChannelReport(name=name, used=False, ms=ms, error=outcome.error))
@@ -205,7 +206,7 @@ class Retriever:
             reports.append(ChannelReport(name=name, used=True, ms=ms, candidates=len(outcome.hits)))
         return channels, reports, vector, embedded.query_encoder
 
-    async def _embed(self, shard: Shard, query: str) -> _Embedded:
+    async def _embed(self, shard: Shard, query: str, clock: Stopwatch) -> _Embedded:
         started = time.perf_counter()
         provider = self._runner.provider
         embed_query = getattr(provider, "embed_query", None)
@@ -241,7 +242,7 @@ class Retriever:
                     error=f"{type(error).__name__}: {error}",
                 ),
             )
-        self._metrics.retrieve_duration.labels("query_embedding").observe(_ms(started) / 1000)
+        clock.stage("query_embedding", _ms(started) / 1000)
         self._metrics.embed_duration.labels("query").observe(_ms(started) / 1000)
         self._metrics.texts_encoded.labels("query").inc()
         return _Embedded(vector, query_encoder, _ms(started), None)

@@ -124,6 +124,11 @@ class MetricsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Record Prometheus metrics (served at ``GET /metrics``); off, nothing is recorded."""
 
 
+class TracingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    enabled: bool = False
+    """OpenTelemetry spans (the ``otel`` extra) through the process's tracer provider."""
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_dir: str = "./memory"
     models_dir: str | None = None
@@ -137,6 +142,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     service: ServiceSettings = ServiceSettings()
     mcp: McpSettings = McpSettings()
     metrics: MetricsSettings = MetricsSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -26,6 +26,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .tracing import Attributes, Tracing
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Seconds: retrieval and HTTP calls are milliseconds; applies and encodes can take seconds.
@@ -92,8 +94,16 @@ class _Sampled(Collector):
 class Metrics:
     """The PRME instruments, registered on ``registry`` (a fresh one by default)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        enabled: bool = True,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.enabled = enabled
+        self.tracing = tracing if tracing is not None else Tracing()
+        """OpenTelemetry spans (off unless given): handed down with the metrics."""
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._sampled = _Sampled()
         if enabled:
@@ -229,22 +239,37 @@ class Metrics:
         """The Prometheus text exposition of every series."""
         return generate_latest(self.registry) if self.enabled else b""
 
-    def stopwatch(self) -> Stopwatch:
-        return Stopwatch(self.retrieve_duration)
+    def stopwatch(self, attributes: Attributes | None = None) -> Stopwatch:
+        """Times one retrieval (and, with tracing, opens its ``prme.retrieve`` span)."""
+        return Stopwatch(self.retrieve_duration, self.tracing, attributes)
 
 
 class Stopwatch:
-    """Times consecutive retrieval stages: ``lap("fusion")`` observes the time since the
-    previous lap (or the start)."""
+    """Times one retrieval's stages into ``prme_retrieve_duration_seconds``: ``lap("fusion")``
+    observes the time since the previous lap (or the start), ``stage(name, seconds)`` a
+    duration measured elsewhere (a channel), ``total()`` the whole. With tracing each is a
+    child span of one ``prme.retrieve`` span, which ``total()`` ends."""
 
-    def __init__(self, histogram: Histogram) -> None:
+    def __init__(
+        self, histogram: Histogram, tracing: Tracing, attributes: Attributes | None = None
+    ) -> None:
         self._histogram = histogram
+        self._tracing = tracing
+        self._span = tracing.start("prme.retrieve", attributes)
         self._started = self._last = time.perf_counter()
+
+    def stage(self, name: str, seconds: float) -> None:
+        self._histogram.labels(name).observe(seconds)
+        if self._span is not None:
+            self._tracing.child(self._span, f"prme.retrieve.{name}", seconds)
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
-        self._histogram.labels(stage).observe(now - self._last)
+        self.stage(stage, now - self._last)
         self._last = now
 
-    def total(self) -> None:
+    def total(self, attributes: Attributes | None = None) -> None:
         self._histogram.labels("total").observe(time.perf_counter() - self._started)
+        if self._span is not None:
+            self._span.set_attributes(attributes or {})
+            self._span.end()
