@@ -25,7 +25,7 @@ HEAP="${PRME_KAFKA_HEAP:-1g}"
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
