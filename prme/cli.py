@@ -223,11 +223,12 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
                 await asyncio.wait_for(stop.wait(), LAG_REFRESH_S)
 
     try:
+        if metrics_port is not None:  # up before joining the group: a join can take seconds
+            server, _ = start_http_server(metrics_port, "127.0.0.1", metrics.registry)
+            print(f"metrics on http://127.0.0.1:{metrics_port}/metrics", file=sys.stderr)
         await runner.start()
         print(f"projecting {sorted(runner.shards)} into {settings.data_dir}", file=sys.stderr)
         if metrics_port is not None:
-            server, _ = start_http_server(metrics_port, "127.0.0.1", metrics.registry)
-            print(f"metrics on http://127.0.0.1:{metrics_port}/metrics", file=sys.stderr)
             await refresh_lag()
         await stop.wait()
     finally:

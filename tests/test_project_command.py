@@ -107,7 +107,12 @@ async def test_two_workers_split_the_partitions_and_project_everything(
         # Each worker serves its own series; together they applied every record, and the
         # lag gauges (refreshed every few seconds) come back to 0.
         while True:
-            workers_metrics = [scrape(port), scrape(port + 1)]
+            try:
+                workers_metrics = [scrape(port), scrape(port + 1)]
+            except httpx.ConnectError:  # a worker still starting
+                assert time.monotonic() < deadline
+                time.sleep(0.5)  # poll interval while the worker starts
+                continue
             applied = sum(m.get("prme_projector_records_applied_total", 0) for m in workers_metrics)
             lag = sum(m.get("prme_projector_lag_records", 0) for m in workers_metrics)
             ends = sum(m.get("prme_projector_log_end_offset", 0) for m in workers_metrics)
