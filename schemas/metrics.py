@@ -211,7 +211,9 @@ class Metrics:
         )
         # -- log ---------------------------------------------------------------------
         self.log_appends = counter(
-            "prme_log_appended_records", "Records appended to the log", ("transport",)
+            "prme_log_appended_records",
+            "Records handed to the log (a retry answered by its request_id included)",
+            ("transport",),
         )
         self.append_duration = histogram(
             "prme_log_append_duration_seconds",
