@@ -3,7 +3,7 @@ start it over stdio, list its tools, remember, recall, read the receipt and the 
 
     python examples/mcp_client.py ./memory
 
-The walk-through of docs/MCP.md; it needs ``pip install "prme[mcp]"``.
+The walk-through of docs/MCP.md; it needs ``pip install "prme-memory[mcp]"``.
 """
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ def _mcp(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as error:
         if (error.name or "").partition(".")[0] not in ("mcp", "mcp_types"):
             raise
-        print('prme mcp: the MCP SDK is missing: pip install "prme[mcp]"', file=sys.stderr)
+        print('prme mcp: the MCP SDK is missing: pip install "prme-memory[mcp]"', file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0

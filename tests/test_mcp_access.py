@@ -62,5 +62,5 @@ def test_prme_mcp_without_the_sdk_says_which_extra_to_install(
     monkeypatch.setitem(sys.modules, "mcp_types", None)
     monkeypatch.setitem(sys.modules, "mcp", None)
     assert main(["mcp", "--data-dir", str(tmp_path / "pack")]) == 2
-    assert 'pip install "prme[mcp]"' in capsys.readouterr().err
+    assert 'pip install "prme-memory[mcp]"' in capsys.readouterr().err
     assert not (tmp_path / "pack").exists()
