@@ -1,72 +1,38 @@
 """The lexical index contract: every implementation's test class subclasses
 ``LexicalIndexContract`` and provides the ``make_index`` fixture.
 
-``make_index(store="a", settings=None)`` opens the index named ``store``
-(creating it the first time; ``None``: the default settings); calling it again with the same name after ``close()``
-reopens that index. The fixture closes whatever is still open when the test ends.
+``make_index(store="a", settings=None)`` opens the index named ``store`` (creating it the
+first time; ``None``: the default settings); calling it again with the same name after
+``close()`` reopens that index. The fixture closes whatever is still open when the test ends.
+Tantivy is the one implementation today, so ``LexicalModel`` names the interface; a second
+implementation would turn it into a protocol in ``prme.projectors``.
 """
 
 from __future__ import annotations
 
 import random
-from types import TracebackType
 from typing import Protocol
 
 import pytest
 
-from prme.projectors.model import ProjectedRecord
-from prme.projectors.stores.lexical import LexicalHit
+from prme.projectors.stores.lexical import LexicalHit, LexicalModel
 from prme.projectors.stores.lexical_windows import LexicalDocument
 from prme.schemas.config import LexicalSettings
 
 from .record_builders import RecordLog
 
 
-class LexicalIndex(Protocol):
-    """What the suite relies on: the lexical read model's query and maintenance surface."""
-
-    def apply(self, batch: list[ProjectedRecord]) -> None: ...
-
-    def applied_offset(self) -> int: ...
-
-    def search(
-        self,
-        query: str,
-        owner: str,
-        scope: str | None,
-        limit: int,
-        include_inactive: bool = False,
-    ) -> list[LexicalHit]: ...
-
-    def speakers(self, owner: str) -> list[str]: ...
-
-    def documents(self) -> list[LexicalDocument]: ...
-
-    def digest(self) -> str: ...
-
-    def close(self) -> None: ...
-
-    def __enter__(self) -> LexicalIndex: ...
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None: ...
-
-
 class MakeIndex(Protocol):
     def __call__(
         self, store: str = "a", settings: LexicalSettings | None = None
-    ) -> LexicalIndex: ...
+    ) -> LexicalModel: ...
 
 
 def ids(hits: list[LexicalHit]) -> list[str]:
     return [hit.node_id for hit in hits]
 
 
-def docs_by_id(model: LexicalIndex) -> dict[str, LexicalDocument]:
+def docs_by_id(model: LexicalModel) -> dict[str, LexicalDocument]:
     return {document.node_id: document for document in model.documents()}
 
 
@@ -103,10 +69,10 @@ class LexicalIndexContract:
         raise NotImplementedError("subclasses provide make_index")
 
     @pytest.fixture
-    def model(self, make_index: MakeIndex) -> LexicalIndex:
+    def model(self, make_index: MakeIndex) -> LexicalModel:
         return make_index()
 
-    def test_bm25_ranks_the_more_relevant_message_first(self, model: LexicalIndex) -> None:
+    def test_bm25_ranks_the_more_relevant_message_first(self, model: LexicalModel) -> None:
         log = RecordLog()
         hiking = log.message("alice", "We went hiking in the mountains and hiking again in spring")
         once = log.message(
@@ -120,7 +86,7 @@ class LexicalIndexContract:
         assert ids(hits) == [hiking, once]
         assert hits[0].score > hits[1].score > 0
 
-    def test_another_owners_documents_are_never_returned(self, model: LexicalIndex) -> None:
+    def test_another_owners_documents_are_never_returned(self, model: LexicalModel) -> None:
         log = RecordLog()
         mine = log.message("alice", "my passport number is in the drawer")
         log.message("bob", "my passport number is in the drawer, passport passport")
@@ -129,7 +95,7 @@ class LexicalIndexContract:
         assert ids(model.search("passport drawer", "alice", None, 10)) == [mine]
         assert model.search("passport", "carol", None, 10) == []
 
-    def test_owner_and_scope_clauses_add_no_score(self, model: LexicalIndex) -> None:
+    def test_owner_and_scope_clauses_add_no_score(self, model: LexicalModel) -> None:
         log = RecordLog()
         alice = log.message("alice", "the garden tomatoes ripened early", session="a")
         for n in range(5):
@@ -145,7 +111,7 @@ class LexicalIndexContract:
         assert {hit.score for hit in bob_hits} == {alice_hit[0].score}
         assert scoped == alice_hit
 
-    def test_scope_filter_keeps_other_scopes_out(self, model: LexicalIndex) -> None:
+    def test_scope_filter_keeps_other_scopes_out(self, model: LexicalModel) -> None:
         log = RecordLog()
         work = log.message("alice", "quarterly budget review on friday", scope="work")
         home = log.message("alice", "budget for the holiday trip", scope="home")
@@ -157,7 +123,7 @@ class LexicalIndexContract:
 
     def test_window_holds_two_before_and_one_after_and_grows_when_a_later_message_arrives(
         self,
-        model: LexicalIndex,
+        model: LexicalModel,
     ) -> None:
         log = RecordLog()
         first = log.message("alice", "one")
@@ -187,7 +153,7 @@ class LexicalIndexContract:
 
     def test_neighbour_text_makes_a_message_findable_but_own_text_weighs_more(
         self,
-        model: LexicalIndex,
+        model: LexicalModel,
     ) -> None:
         log = RecordLog()
         question = log.message("alice", "what did you make in class?", speaker="Mel")
@@ -200,7 +166,7 @@ class LexicalIndexContract:
         assert ids(pottery)[0] == answer
         assert question in ids(pottery)
 
-    def test_windows_never_cross_a_clear_or_replace_boundary(self, model: LexicalIndex) -> None:
+    def test_windows_never_cross_a_clear_or_replace_boundary(self, model: LexicalModel) -> None:
         log = RecordLog()
         old = log.message("alice", "old secret")
         log.clear("alice")
@@ -215,7 +181,7 @@ class LexicalIndexContract:
         assert documents[replaced].context == ""
         assert ids(model.search("secret", "alice", None, 10)) == [old]
 
-    def test_windows_are_kept_per_session_and_scope(self, model: LexicalIndex) -> None:
+    def test_windows_are_kept_per_session_and_scope(self, model: LexicalModel) -> None:
         log = RecordLog()
         a = log.message("alice", "alpha", session="s1")
         log.message("alice", "bravo", session="s2")
@@ -229,7 +195,7 @@ class LexicalIndexContract:
 
     def test_a_deleted_message_leaves_its_neighbours_windows_but_stays_searchable(
         self,
-        model: LexicalIndex,
+        model: LexicalModel,
     ) -> None:
         log = RecordLog()
         first = log.message("alice", "one")
@@ -247,7 +213,7 @@ class LexicalIndexContract:
         assert documents[doomed].context == ""
         assert ids(model.search("zebra", "alice", None, 10)) == [doomed]
 
-    def test_deleting_another_owners_message_changes_nothing(self, model: LexicalIndex) -> None:
+    def test_deleting_another_owners_message_changes_nothing(self, model: LexicalModel) -> None:
         log = RecordLog()
         log.message("alice", "one")
         target = log.message("alice", "two")
@@ -259,7 +225,7 @@ class LexicalIndexContract:
 
         assert docs_by_id(model) == before
 
-    def test_speaker_is_a_boosted_field_of_its_own(self, model: LexicalIndex) -> None:
+    def test_speaker_is_a_boosted_field_of_its_own(self, model: LexicalModel) -> None:
         log = RecordLog()
         caroline = log.message("alice", "I adopted a puppy", speaker="Caroline", session="a")
         melanie = log.message("alice", "I adopted a puppy", speaker="Melanie", session="b")
@@ -275,7 +241,7 @@ class LexicalIndexContract:
 
     def test_speakers_are_the_owners_names_or_roles_and_follow_later_batches(
         self,
-        model: LexicalIndex,
+        model: LexicalModel,
     ) -> None:
         log = RecordLog()
         log.message("alice", "hi", speaker="Caroline")
@@ -296,7 +262,7 @@ class LexicalIndexContract:
 
     def test_archived_and_superseded_nodes_leave_retrieval_until_restored(
         self,
-        model: LexicalIndex,
+        model: LexicalModel,
     ) -> None:
         log = RecordLog()
         kept = log.message("alice", "favourite colour is green", session="a")
@@ -316,7 +282,7 @@ class LexicalIndexContract:
         model.apply(log.records[-1:])
         assert set(ids(model.search("colour", "alice", None, 10))) == {kept, archived}
 
-    def test_owner_erased_removes_every_document_and_window(self, model: LexicalIndex) -> None:
+    def test_owner_erased_removes_every_document_and_window(self, model: LexicalModel) -> None:
         log = RecordLog()
         log.message("alice", "private diary entry")
         bob = log.message("bob", "private notes")
@@ -331,7 +297,7 @@ class LexicalIndexContract:
         assert set(documents) == {bob, after}
         assert documents[after].context == ""
 
-    def test_control_records_create_no_documents(self, model: LexicalIndex) -> None:
+    def test_control_records_create_no_documents(self, model: LexicalModel) -> None:
         log = RecordLog()
         log.clear("alice")
         log.replace("alice", message_count=0)
@@ -355,7 +321,7 @@ class LexicalIndexContract:
         ],
     )
     def test_hostile_queries_are_searched_as_plain_words(
-        self, model: LexicalIndex, query: str
+        self, model: LexicalModel, query: str
     ) -> None:
         log = RecordLog()
         plan = log.message("alice", "the plan for the summer")
@@ -365,7 +331,7 @@ class LexicalIndexContract:
         assert ids(model.search(query, "alice", None, 10)) == [plan]
 
     @pytest.mark.parametrize("query", ["", "   ", "?!...", '"', "*", "()[]{}:^~"])
-    def test_queries_without_words_return_nothing(self, model: LexicalIndex, query: str) -> None:
+    def test_queries_without_words_return_nothing(self, model: LexicalModel, query: str) -> None:
         log = RecordLog()
         log.message("alice", "anything at all")
         model.apply(log.records)
@@ -388,7 +354,7 @@ class LexicalIndexContract:
                 digests.append(model.digest())
         assert len(set(digests)) == 1
 
-    def test_reapplying_records_is_harmless(self, model: LexicalIndex) -> None:
+    def test_reapplying_records_is_harmless(self, model: LexicalModel) -> None:
         log = full_log()
         model.apply(log.records)
         digest = model.digest()

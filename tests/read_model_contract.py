@@ -15,9 +15,9 @@ from prme.projectors.backends import VectorBackend
 from prme.projectors.model import ProjectedRecord, ReadModel
 from prme.projectors.registry import ModelContext, open_read_model, read_model
 from prme.schemas.config import Settings
-from prme.schemas.records import HistoryCleared, NodeArchived, memory_node_id
 
-from .vector_contract import AT, IDENTITY, basis, message
+from .record_builders import archived, cleared, projected
+from .vector_contract import IDENTITY, basis, message, node_of
 
 
 def batch() -> list[ProjectedRecord]:
@@ -27,19 +27,8 @@ def batch() -> list[ProjectedRecord]:
         message(1, basis(0, 1), owner="bob"),
         message(2, basis(1, 1), owner="alice", session_id="s2"),
     ]
-    cleared = HistoryCleared(event_id="e0003", owner="bob", session_id="s1", recorded_at=AT)
-    archived = NodeArchived(
-        event_id="e0004",
-        owner="alice",
-        session_id="s1",
-        recorded_at=AT,
-        node_id=memory_node_id(items[0].record.event_id),
-    )
-    return [
-        *items,
-        ProjectedRecord(offset=3, record=cleared),
-        ProjectedRecord(offset=4, record=archived),
-    ]
+    controls = [cleared("e0003", owner="bob"), archived("e0004", node_of(items[0]))]
+    return [*items, *projected(controls, start=3)]
 
 
 OpenModel = Callable[..., ReadModel]

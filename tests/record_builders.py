@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from prme.projectors.derive import derive_node
-from prme.projectors.model import MemoryNode, ProjectedRecord
+from prme.projectors.model import ProjectedRecord
 from prme.schemas.records import (
     AnyRecord,
     HistoryCleared,
@@ -19,25 +17,83 @@ from prme.schemas.records import (
     NodeSuperseded,
     OwnerErased,
     Role,
-    memory_node_id,
 )
 
 AT = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def msg(
-    event_id: str, text: str, owner: str = "alice", session: str = "s1", scope: str = "default"
+    event_id: str,
+    text: str,
+    owner: str = "alice",
+    session: str = "s1",
+    scope: str = "default",
+    *,
+    name: str | None = None,
+    role: Role = "user",
+    occurred_at: datetime | None = None,
 ) -> Message:
-    """A user message recorded at ``AT``."""
+    """A message recorded at ``AT`` (by the user unless ``role`` says otherwise)."""
     return Message(
         event_id=event_id,
         owner=owner,
         session_id=session,
         scope=scope,
         recorded_at=AT,
-        role="user",
+        occurred_at=occurred_at,
+        role=role,
         content=text,
+        name=name,
     )
+
+
+def cleared(event_id: str, owner: str = "alice", session: str = "s1") -> HistoryCleared:
+    return HistoryCleared(event_id=event_id, owner=owner, session_id=session, recorded_at=AT)
+
+
+def replaced(
+    event_id: str, message_count: int, owner: str = "alice", session: str = "s1"
+) -> HistoryReplaced:
+    """The clear marker of a ``history_replaced`` (its messages follow it on the log)."""
+    return HistoryReplaced(
+        event_id=event_id,
+        owner=owner,
+        session_id=session,
+        recorded_at=AT,
+        message_count=message_count,
+    )
+
+
+def deleted(
+    event_id: str, target_event_id: str, owner: str = "alice", session: str = "s1"
+) -> MessageDeleted:
+    return MessageDeleted(
+        event_id=event_id,
+        owner=owner,
+        session_id=session,
+        recorded_at=AT,
+        target_event_id=target_event_id,
+    )
+
+
+def archived(event_id: str, node_id: str, owner: str = "alice") -> NodeArchived:
+    return NodeArchived(event_id=event_id, owner=owner, recorded_at=AT, node_id=node_id)
+
+
+def restored(event_id: str, node_id: str, owner: str = "alice") -> NodeRestored:
+    return NodeRestored(event_id=event_id, owner=owner, recorded_at=AT, node_id=node_id)
+
+
+def superseded(
+    event_id: str, node_id: str, by_node_id: str, owner: str = "alice"
+) -> NodeSuperseded:
+    return NodeSuperseded(
+        event_id=event_id, owner=owner, recorded_at=AT, node_id=node_id, by_node_id=by_node_id
+    )
+
+
+def erased(event_id: str, owner: str = "alice") -> OwnerErased:
+    return OwnerErased(event_id=event_id, owner=owner, recorded_at=AT)
 
 
 def projected(records: list[AnyRecord], start: int = 0) -> list[ProjectedRecord]:
@@ -53,23 +109,17 @@ def projected(records: list[AnyRecord], start: int = 0) -> list[ProjectedRecord]
 
 
 class RecordLog:
-    """Builds projected records at increasing offsets, as one partition would hold them.
+    """Builds projected records at increasing offsets (event ids ``e00000``, ``e00001``, …),
+    as one partition would hold them; messages carry their derived node."""
 
-    Messages carry a note node (``mem:<event_id>``) whose speaker is ``speaker``; each
-    control and lifecycle kind has a method of its own."""
-
-    def __init__(self, recorded_at: datetime = AT) -> None:
+    def __init__(self) -> None:
         self.records: list[ProjectedRecord] = []
-        self._recorded_at = recorded_at
 
-    def _envelope(self, owner: str, session: str, scope: str) -> dict[str, Any]:
-        return {
-            "event_id": f"e{len(self.records):05d}",
-            "owner": owner,
-            "session_id": session,
-            "scope": scope,
-            "recorded_at": self._recorded_at,
-        }
+    def _append(self, record: AnyRecord) -> None:
+        self.records.extend(projected([record], start=len(self.records)))
+
+    def _next_id(self) -> str:
+        return f"e{len(self.records):05d}"
 
     def message(
         self,
@@ -82,46 +132,28 @@ class RecordLog:
         role: Role = "user",
     ) -> str:
         """Append a message; returns its node id."""
-        envelope = self._envelope(owner, session, scope)
-        record = Message(**envelope, role=role, content=text, name=speaker)
-        node = MemoryNode(
-            node_id=memory_node_id(record.event_id),
-            event_id=record.event_id,
-            owner=owner,
-            session_id=session,
-            scope=scope,
-            node_type="note",
-            text=text,
-            speaker=speaker,
-            role=role,
-            recorded_at=self._recorded_at,
-            occurred_at=None,
-        )
-        self.records.append(ProjectedRecord(offset=len(self.records), record=record, node=node))
+        self._append(msg(self._next_id(), text, owner, session, scope, name=speaker, role=role))
+        node = self.records[-1].node
+        assert node is not None
         return node.node_id
 
-    def _add(self, kind: Callable[..., AnyRecord], owner: str, session: str, **fields: Any) -> None:
-        record = kind(**self._envelope(owner, session, "default"), **fields)
-        self.records.append(ProjectedRecord(offset=len(self.records), record=record))
-
     def clear(self, owner: str, session: str = "s1") -> None:
-        self._add(HistoryCleared, owner, session)
+        self._append(cleared(self._next_id(), owner, session))
 
     def replace(self, owner: str, message_count: int, session: str = "s1") -> None:
-        """The clear marker of a ``history_replaced`` (its messages follow as ``message``)."""
-        self._add(HistoryReplaced, owner, session, message_count=message_count)
+        self._append(replaced(self._next_id(), message_count, owner, session))
 
     def delete(self, owner: str, node_id: str, session: str = "s1") -> None:
-        self._add(MessageDeleted, owner, session, target_event_id=node_id.removeprefix("mem:"))
+        self._append(deleted(self._next_id(), node_id.removeprefix("mem:"), owner, session))
 
     def archive(self, owner: str, node_id: str) -> None:
-        self._add(NodeArchived, owner, "s1", node_id=node_id)
+        self._append(archived(self._next_id(), node_id, owner))
 
     def restore(self, owner: str, node_id: str) -> None:
-        self._add(NodeRestored, owner, "s1", node_id=node_id)
+        self._append(restored(self._next_id(), node_id, owner))
 
     def supersede(self, owner: str, node_id: str, by_node_id: str) -> None:
-        self._add(NodeSuperseded, owner, "s1", node_id=node_id, by_node_id=by_node_id)
+        self._append(superseded(self._next_id(), node_id, by_node_id, owner))
 
     def erase(self, owner: str) -> None:
-        self._add(OwnerErased, owner, "s1")
+        self._append(erased(self._next_id(), owner))

@@ -8,28 +8,14 @@ from pathlib import Path
 import pytest
 
 from prme.projectors.stores.events import EventsModel
-from prme.schemas.records import (
-    AnyRecord,
-    HistoryCleared,
-    Message,
-    MessageDeleted,
-    NodeArchived,
-    OwnerErased,
-)
+from prme.schemas.records import AnyRecord, Message
 
-from .record_builders import AT, projected
+from . import record_builders
+from .record_builders import archived, cleared, deleted, erased, projected
 
 
 def msg(event_id: str, owner: str = "alice") -> Message:
-    return Message(
-        event_id=event_id,
-        owner=owner,
-        session_id="s1",
-        scope="work",
-        recorded_at=AT,
-        role="user",
-        content="hi Caroline",
-    )
+    return record_builders.msg(event_id, "hi Caroline", owner, scope="work")
 
 
 @pytest.fixture
@@ -42,9 +28,9 @@ def events(tmp_path: Path) -> Iterator[EventsModel]:
 def test_every_kind_is_recorded_with_its_position(events: EventsModel) -> None:
     records: list[AnyRecord] = [
         msg("e1"),
-        HistoryCleared(event_id="c1", owner="alice", recorded_at=AT),
-        MessageDeleted(event_id="d1", owner="alice", recorded_at=AT, target_event_id="e1"),
-        NodeArchived(event_id="a1", owner="alice", recorded_at=AT, node_id="mem:e1"),
+        cleared("c1"),
+        deleted("d1", "e1"),
+        archived("a1", "mem:e1"),
     ]
     events.apply(projected(records, start=5))
     row = events.get("e1")
@@ -64,9 +50,7 @@ def test_every_kind_is_recorded_with_its_position(events: EventsModel) -> None:
 
 
 def test_node_ids_are_derived_nodes_only(events: EventsModel) -> None:
-    events.apply(
-        projected([msg("e1"), HistoryCleared(event_id="c1", owner="alice", recorded_at=AT)])
-    )
+    events.apply(projected([msg("e1"), cleared("c1")]))
     assert events.node_ids("e1") == ["mem:e1"]
     assert events.node_ids("c1") == []
     assert events.node_ids("unknown") == []
@@ -75,7 +59,7 @@ def test_node_ids_are_derived_nodes_only(events: EventsModel) -> None:
 
 def test_owner_erased_deletes_only_that_owners_rows(events: EventsModel) -> None:
     events.apply(projected([msg("e1"), msg("e2", owner="bob"), msg("e3")]))
-    events.apply(projected([OwnerErased(event_id="x1", owner="alice", recorded_at=AT)], start=3))
+    events.apply(projected([erased("x1")], start=3))
     assert events.by_owner("alice") == []
     assert events.get("e1") is None
     assert events.get("x1") is None

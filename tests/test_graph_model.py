@@ -9,18 +9,20 @@ import pytest
 
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.stores.graph import Edge, GraphModel, entity_node_id, session_node_id
-from prme.schemas.records import (
-    AnyRecord,
-    HistoryCleared,
-    HistoryReplaced,
-    MessageDeleted,
-    NodeArchived,
-    NodeRestored,
-    NodeSuperseded,
-    OwnerErased,
-)
+from prme.schemas.records import AnyRecord
 
-from .record_builders import AT, msg, projected
+from .record_builders import (
+    AT,
+    archived,
+    cleared,
+    deleted,
+    erased,
+    msg,
+    projected,
+    replaced,
+    restored,
+    superseded,
+)
 
 
 @pytest.fixture
@@ -62,9 +64,9 @@ def test_control_records_never_create_nodes_or_edges(graph: GraphModel) -> None:
     graph.apply(
         projected(
             [
-                HistoryCleared(event_id="c1", owner="alice", session_id="s1", recorded_at=AT),
-                MessageDeleted(event_id="d1", owner="alice", recorded_at=AT, target_event_id="e1"),
-                HistoryReplaced(event_id="r1", owner="alice", recorded_at=AT, message_count=0),
+                cleared("c1"),
+                deleted("d1", "e1"),
+                replaced("r1", 0),
             ],
             start=1,
         )
@@ -79,11 +81,7 @@ def test_archive_restore_and_supersede_change_state(graph: GraphModel) -> None:
     graph.apply(
         projected([msg("e1", "Caroline lives in Berlin"), msg("e2", "Caroline lives in Rome")])
     )
-    graph.apply(
-        projected(
-            [NodeArchived(event_id="a1", owner="alice", recorded_at=AT, node_id="mem:e1")], start=2
-        )
-    )
+    graph.apply(projected([archived("a1", "mem:e1")], start=2))
     assert graph.node_state("alice", "mem:e1") == "archived"
     assert [h.node_id for h in graph.search("alice", None, ["caroline"], 10)] == ["mem:e2"]
     assert {
@@ -92,23 +90,11 @@ def test_archive_restore_and_supersede_change_state(graph: GraphModel) -> None:
         "mem:e1",
         "mem:e2",
     }
-    graph.apply(
-        projected(
-            [NodeRestored(event_id="r1", owner="alice", recorded_at=AT, node_id="mem:e1")], start=3
-        )
-    )
+    graph.apply(projected([restored("r1", "mem:e1")], start=3))
     assert graph.node_state("alice", "mem:e1") == "active"
     graph.apply(
         projected(
-            [
-                NodeSuperseded(
-                    event_id="x1",
-                    owner="alice",
-                    recorded_at=AT,
-                    node_id="mem:e1",
-                    by_node_id="mem:e2",
-                )
-            ],
+            [superseded("x1", "mem:e1", "mem:e2")],
             start=4,
         )
     )
@@ -123,14 +109,8 @@ def test_lifecycle_records_of_another_owner_change_nothing(graph: GraphModel) ->
     graph.apply(
         projected(
             [
-                NodeArchived(event_id="a1", owner="bob", recorded_at=AT, node_id="mem:e1"),
-                NodeSuperseded(
-                    event_id="x1",
-                    owner="bob",
-                    recorded_at=AT,
-                    node_id="mem:e1",
-                    by_node_id="mem:e2",
-                ),
+                archived("a1", "mem:e1", owner="bob"),
+                superseded("x1", "mem:e1", "mem:e2", owner="bob"),
             ],
             start=2,
         )
@@ -208,7 +188,7 @@ def test_owner_erased_removes_only_that_owner(graph: GraphModel) -> None:
     graph.apply(
         projected([msg("e1", "Caroline", owner="alice"), msg("e2", "Caroline", owner="bob")])
     )
-    graph.apply(projected([OwnerErased(event_id="x", owner="alice", recorded_at=AT)], start=2))
+    graph.apply(projected([erased("x")], start=2))
     assert graph.get_nodes("alice", ["mem:e1"]) == {}
     assert graph.edges_of("alice", "mem:e1") == []
     assert graph.search("alice", None, ["caroline"], 10) == []
@@ -221,7 +201,7 @@ def test_reapplying_a_batch_is_harmless(graph: GraphModel) -> None:
         [
             msg("e1", "Caroline moved to Berlin"),
             msg("e2", "Caroline likes Rome"),
-            NodeArchived(event_id="a1", owner="alice", recorded_at=AT, node_id="mem:e1"),
+            archived("a1", "mem:e1"),
         ]
     )
     graph.apply(batch)

@@ -8,20 +8,9 @@ from pathlib import Path
 import pytest
 
 from prme.projectors.stores.history import HistoryModel
-from prme.schemas.records import (
-    HistoryCleared,
-    HistoryReplaced,
-    Message,
-    MessageDeleted,
-    NodeArchived,
-    OwnerErased,
-)
+from prme.schemas.records import Message
 
-from .record_builders import AT, msg, projected
-
-
-def clear(event_id: str, owner: str = "alice", session: str = "s1") -> HistoryCleared:
-    return HistoryCleared(event_id=event_id, owner=owner, session_id=session, recorded_at=AT)
+from .record_builders import AT, archived, cleared, deleted, erased, msg, projected, replaced
 
 
 def texts(
@@ -69,10 +58,10 @@ def test_limit_returns_the_last_messages(history: HistoryModel) -> None:
 
 
 def test_clear_hides_earlier_messages(history: HistoryModel) -> None:
-    history.apply(projected([msg("e1", "old"), clear("c1"), msg("e2", "new")]))
+    history.apply(projected([msg("e1", "old"), cleared("c1"), msg("e2", "new")]))
     assert texts(history) == ["new"]
     assert texts(history, limit=5) == ["new"]
-    history.apply(projected([clear("c2")], start=3))
+    history.apply(projected([cleared("c2")], start=3))
     assert texts(history) == []
 
 
@@ -81,9 +70,7 @@ def test_replace_is_a_clear_followed_by_new_messages(history: HistoryModel) -> N
     history.apply(
         projected(
             [
-                HistoryReplaced(
-                    event_id="r1", owner="alice", session_id="s1", recorded_at=AT, message_count=2
-                ),
+                replaced("r1", 2),
                 msg("e3", "x"),
                 msg("e4", "y"),
             ],
@@ -97,7 +84,7 @@ def test_delete_removes_one_message(history: HistoryModel) -> None:
     history.apply(projected([msg("e1", "a"), msg("e2", "b"), msg("e3", "c")]))
     history.apply(
         projected(
-            [MessageDeleted(event_id="d1", owner="alice", recorded_at=AT, target_event_id="e2")],
+            [deleted("d1", "e2")],
             start=3,
         )
     )
@@ -111,10 +98,8 @@ def test_delete_of_unknown_or_foreign_target_does_nothing(history: HistoryModel)
     history.apply(
         projected(
             [
-                MessageDeleted(
-                    event_id="d1", owner="alice", recorded_at=AT, target_event_id="nope"
-                ),
-                MessageDeleted(event_id="d2", owner="alice", recorded_at=AT, target_event_id="b1"),
+                deleted("d1", "nope"),
+                deleted("d2", "b1"),
             ],
             start=2,
         )
@@ -132,7 +117,7 @@ def test_histories_are_isolated_by_owner_session_and_exact_scope(history: Histor
                 msg("e3", "alice work", scope="work"),
                 msg("e4", "alice work/x", scope="work/x"),
                 msg("e5", "bob s1", owner="bob"),
-                clear("c1", session="s2"),
+                cleared("c1", session="s2"),
             ]
         )
     )
@@ -152,18 +137,14 @@ def test_histories_are_isolated_by_owner_session_and_exact_scope(history: Histor
 def test_lifecycle_records_do_not_touch_history(history: HistoryModel) -> None:
     history.apply(projected([msg("e1", "a")]))
     before = history.digest()
-    history.apply(
-        projected(
-            [NodeArchived(event_id="a1", owner="alice", recorded_at=AT, node_id="mem:e1")], start=1
-        )
-    )
+    history.apply(projected([archived("a1", "mem:e1")], start=1))
     assert history.digest() == before
     assert texts(history) == ["a"]
 
 
 def test_owner_erased_removes_only_that_owner(history: HistoryModel) -> None:
     history.apply(projected([msg("e1", "a"), msg("e2", "b", owner="bob")]))
-    history.apply(projected([OwnerErased(event_id="x", owner="alice", recorded_at=AT)], start=2))
+    history.apply(projected([erased("x")], start=2))
     assert texts(history) == []
     assert history.sessions("alice") == []
     assert texts(history, owner="bob") == ["b"]
@@ -182,7 +163,7 @@ def test_reapplying_after_a_crash_does_not_duplicate(history: HistoryModel) -> N
 def test_reopen_keeps_offset_and_data(tmp_path: Path) -> None:
     path = tmp_path / "history.sqlite"
     with HistoryModel(path) as model:
-        model.apply(projected([msg("e1", "a"), clear("c1"), msg("e2", "b")], start=10))
+        model.apply(projected([msg("e1", "a"), cleared("c1"), msg("e2", "b")], start=10))
         digest = model.digest()
     with HistoryModel(path) as reopened:
         assert reopened.applied_offset() == 12

@@ -2,34 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import tantivy
 import uuid_utils
 
-from prme.projectors.derive import derive_node
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.stores import lexical
 from prme.projectors.stores.graph import GraphModel
 from prme.projectors.stores.lexical import LexicalModel
-from prme.schemas.records import Message
 
-T0 = datetime(2024, 5, 1, tzinfo=UTC)
+from .record_builders import msg, projected
 
 
 def message(offset: int, event_id: str, text: str, owner: str = "alice") -> ProjectedRecord:
-    record = Message(
-        event_id=event_id,
-        owner=owner,
-        session_id="s1",
-        scope="default",
-        recorded_at=T0,
-        role="user",
-        content=text,
-    )
-    return ProjectedRecord(offset=offset, record=record, node=derive_node(record))
+    return projected([msg(event_id, text, owner)], start=offset)[0]
 
 
 def batch() -> list[ProjectedRecord]:

@@ -12,10 +12,9 @@ from prme.projectors.embeddings.protocol import EmbeddingIdentity
 from prme.projectors.stores.vector_base import VectorModelBase, point_id
 from prme.projectors.stores.vector_edge import EdgeVectorModel
 from prme.schemas.errors import ShardUnavailable
-from prme.schemas.records import NodeArchived
 
+from .record_builders import AT, archived
 from .vector_contract import (
-    AT,
     IDENTITY,
     MakeModel,
     VectorModelContract,
@@ -59,7 +58,7 @@ def test_close_is_idempotent(tmp_path: Path) -> None:
 def test_points_carry_the_node_payload(tmp_path: Path) -> None:
     item = message(0, basis(1, 1), owner="alice", scope="work", session_id="s9", occurred_at=AT)
     with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
-        model.apply([item, lifecycle(1, NodeArchived, node_of(item))])
+        model.apply([item, lifecycle(1, archived, node_of(item))])
     shard = EdgeShard.load(str(tmp_path / "p0"))
     try:
         [stored] = shard.retrieve([point_id(node_of(item))], with_payload=True, with_vector=True)
@@ -69,7 +68,7 @@ def test_points_carry_the_node_payload(tmp_path: Path) -> None:
         "owner": "alice",
         "scope": "work",
         "session_id": "s9",
-        "node_type": "note",
+        "node_type": "fact",  # derived from "message 0"
         "state": "archived",
         "event_id": item.record.event_id,
         "node_id": node_of(item),

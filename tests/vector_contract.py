@@ -8,32 +8,35 @@ the first time); calling it again with the same name after ``close()`` reopens t
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Protocol
 
 import pytest
 
+from prme.projectors.derive import derive_node
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
-from prme.projectors.model import MemoryNode, ProjectedRecord
+from prme.projectors.model import ProjectedRecord
 from prme.projectors.stores.vector_base import VectorHit, VectorModelBase
 from prme.schemas.errors import EmbeddingMismatch
-from prme.schemas.records import (
-    HistoryCleared,
-    HistoryReplaced,
-    Message,
-    MessageDeleted,
-    NodeArchived,
-    NodeRestored,
-    NodeSuperseded,
-    OwnerErased,
-    memory_node_id,
+from prme.schemas.records import AnyRecord, memory_node_id
+
+from .record_builders import (
+    AT,
+    archived,
+    cleared,
+    deleted,
+    erased,
+    msg,
+    projected,
+    replaced,
+    restored,
+    superseded,
 )
 
 DIM = 8
 IDENTITY = EmbeddingIdentity("test-model", "1", DIM)
 OTHER_VERSION = EmbeddingIdentity("test-model", "2", DIM)
 OTHER_DIMENSION = EmbeddingIdentity("test-model", "1", DIM * 2)
-AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 class MakeModel(Protocol):
@@ -55,31 +58,15 @@ def message(
     session_id: str = "s1",
     occurred_at: datetime | None = None,
 ) -> ProjectedRecord:
-    event_id = f"e{offset:04d}-{owner}"
-    record = Message(
-        event_id=event_id,
-        owner=owner,
-        session_id=session_id,
-        scope=scope,
-        recorded_at=AT,
-        occurred_at=occurred_at,
-        role="user",
-        content=f"message {offset}",
-    )
-    node = MemoryNode(
-        node_id=memory_node_id(event_id),
-        event_id=event_id,
-        owner=owner,
-        session_id=session_id,
-        scope=scope,
-        node_type="note",
-        text=f"message {offset}",
-        speaker=None,
-        role="user",
-        recorded_at=AT,
+    record = msg(
+        f"e{offset:04d}-{owner}",
+        f"message {offset}",
+        owner,
+        session_id,
+        scope,
         occurred_at=occurred_at,
     )
-    return ProjectedRecord(offset=offset, record=record, node=node, vector=vector)
+    return ProjectedRecord(offset=offset, record=record, node=derive_node(record), vector=vector)
 
 
 def node_of(item: ProjectedRecord) -> str:
@@ -88,10 +75,13 @@ def node_of(item: ProjectedRecord) -> str:
 
 
 def lifecycle(
-    offset: int, kind: Callable[..., object], node_id: str, owner: str = "alice", **extra: str
+    offset: int, kind: Callable[..., AnyRecord], node_id: str, owner: str = "alice", **extra: str
 ) -> ProjectedRecord:
-    record = kind(event_id=f"l{offset:04d}", owner=owner, recorded_at=AT, node_id=node_id, **extra)
-    return ProjectedRecord(offset=offset, record=record)  # type: ignore[arg-type]
+    """``kind`` (a builder of ``record_builders``: ``archived``, ``restored``, ``superseded``)
+    of ``node_id`` at ``offset``."""
+    return ProjectedRecord(
+        offset=offset, record=kind(f"l{offset:04d}", node_id, owner=owner, **extra)
+    )
 
 
 def ids(hits: list[VectorHit]) -> list[str]:
@@ -138,7 +128,7 @@ class VectorModelContract:
         model = make_model()
         exact, near = message(0, basis(3)), message(1, basis(1, 1))
         theirs = message(2, basis(1), owner="bob")
-        model.apply([exact, near, theirs, lifecycle(3, NodeArchived, node_of(near))])
+        model.apply([exact, near, theirs, lifecycle(3, archived, node_of(near))])
         scores = model.scores_for(basis(2), "alice", [node_of(near), node_of(theirs)])
         assert scores == {node_of(near): pytest.approx(2**-0.5, abs=1e-5)}
 
@@ -160,16 +150,14 @@ class VectorModelContract:
         model.apply([a, b, c])
         model.apply(
             [
-                lifecycle(3, NodeArchived, node_of(a)),
-                lifecycle(4, NodeSuperseded, node_of(b), by_node_id=node_of(c)),
+                lifecycle(3, archived, node_of(a)),
+                lifecycle(4, superseded, node_of(b), by_node_id=node_of(c)),
             ]
         )
         assert ids(model.search(basis(1), "alice", None, 10)) == [node_of(c)]
         every = model.search(basis(1), "alice", None, 10, include_inactive=True)
         assert ids(every) == [node_of(a), node_of(b), node_of(c)]
-        model.apply(
-            [lifecycle(5, NodeRestored, node_of(a)), lifecycle(6, NodeRestored, node_of(b))]
-        )
+        model.apply([lifecycle(5, restored, node_of(a)), lifecycle(6, restored, node_of(b))])
         assert ids(model.search(basis(1), "alice", None, 10)) == [
             node_of(a),
             node_of(b),
@@ -185,9 +173,9 @@ class VectorModelContract:
         model.apply([a])
         model.apply(
             [
-                lifecycle(1, NodeArchived, memory_node_id("missing")),
-                lifecycle(2, NodeArchived, node_of(a), owner="mallory"),
-                lifecycle(3, NodeRestored, memory_node_id("missing")),
+                lifecycle(1, archived, memory_node_id("missing")),
+                lifecycle(2, archived, node_of(a), owner="mallory"),
+                lifecycle(3, restored, memory_node_id("missing")),
             ]
         )
         assert ids(model.search(basis(1), "alice", None, 10)) == [node_of(a)]
@@ -199,10 +187,7 @@ class VectorModelContract:
         model.apply([message(i, basis(1, i), owner="alice") for i in range(3)])
         bobs = [message(i, basis(1, i), owner="bob") for i in range(3, 5)]
         model.apply(bobs)
-        erased = ProjectedRecord(
-            offset=5, record=OwnerErased(event_id="x5", owner="alice", recorded_at=AT)
-        )
-        model.apply([erased])
+        model.apply([ProjectedRecord(offset=5, record=erased("x5"))])
         assert model.count("alice") == 0
         assert model.search(basis(1), "alice", None, 10, include_inactive=True) == []
         assert model.count("bob") == 2
@@ -213,20 +198,8 @@ class VectorModelContract:
         model = make_model()
         model.apply([message(0, basis(1))])
         before = (model.count(), model.search(basis(1), "alice", None, 10))
-        envelope = {"owner": "alice", "recorded_at": AT, "session_id": "s1"}
-        model.apply(
-            [
-                ProjectedRecord(offset=1, record=HistoryCleared(event_id="c1", **envelope)),
-                ProjectedRecord(
-                    offset=2,
-                    record=MessageDeleted(event_id="c2", target_event_id="e0000-alice", **envelope),
-                ),
-                ProjectedRecord(
-                    offset=3, record=HistoryReplaced(event_id="c3", message_count=0, **envelope)
-                ),
-                message(4, None),
-            ]
-        )
+        controls = [cleared("c1"), deleted("c2", "e0000-alice"), replaced("c3", message_count=0)]
+        model.apply([*projected(controls, start=1), message(4, None)])
         assert (model.count(), model.search(basis(1), "alice", None, 10)) == before
         assert model.applied_offset() == 4
 
@@ -234,7 +207,7 @@ class VectorModelContract:
         model = make_model()
         a = message(0, basis(1), occurred_at=AT)
         model.apply([a, message(1, basis(0, 1), owner="bob")])
-        model.apply([lifecycle(7, NodeArchived, node_of(a))])
+        model.apply([lifecycle(7, archived, node_of(a))])
         digest = model.digest()
         model.close()
         reopened = make_model()
@@ -253,7 +226,7 @@ class VectorModelContract:
         batch = [
             a,
             message(1, basis(1, 1), owner="bob"),
-            lifecycle(2, NodeArchived, node_of(a)),
+            lifecycle(2, archived, node_of(a)),
             message(3, basis(0, 1), scope="work"),
         ]
         model.apply(batch)
@@ -272,7 +245,7 @@ class VectorModelContract:
         assert first.digest() != second.digest()
         second.apply([records[0], records[2], records[5]])
         assert first.digest() == second.digest()
-        second.apply([lifecycle(6, NodeArchived, node_of(records[0]))])
+        second.apply([lifecycle(6, archived, node_of(records[0]))])
         assert first.digest() != second.digest()
 
     def test_other_identity_on_reopen_is_a_mismatch(self, make_model: MakeModel) -> None:
