@@ -126,10 +126,7 @@ class LexicalIndexContract:
         model: LexicalModel,
     ) -> None:
         log = RecordLog()
-        first = log.message("alice", "one")
-        second = log.message("alice", "two")
-        third = log.message("alice", "three")
-        fourth = log.message("alice", "four")
+        first, second, third, fourth = log.messages("alice", "one", "two", "three", "four")
         model.apply(log.records)
         assert docs_by_id(model)[fourth].context == "two\nthree"
         assert docs_by_id(model)[third].context == "one\ntwo\nfour"
@@ -146,7 +143,7 @@ class LexicalIndexContract:
 
     def test_window_settings_are_honoured(self, make_index: MakeIndex) -> None:
         log = RecordLog()
-        nodes = [log.message("alice", word) for word in ("a1", "b2", "c3", "d4", "e5")]
+        nodes = log.messages("alice", "a1", "b2", "c3", "d4", "e5")
         with make_index("lex", LexicalSettings(window_before=1, window_after=2)) as wide:
             wide.apply(log.records)
             assert docs_by_id(wide)[nodes[1]].context == "a1\nc3\nd4"
@@ -198,10 +195,7 @@ class LexicalIndexContract:
         model: LexicalModel,
     ) -> None:
         log = RecordLog()
-        first = log.message("alice", "one")
-        doomed = log.message("alice", "two zebra")
-        third = log.message("alice", "three")
-        fourth = log.message("alice", "four")
+        first, doomed, third, fourth = log.messages("alice", "one", "two zebra", "three", "four")
         model.apply(log.records)
         log.delete("alice", doomed)
         model.apply(log.records[-1:])
@@ -215,9 +209,7 @@ class LexicalIndexContract:
 
     def test_deleting_another_owners_message_changes_nothing(self, model: LexicalModel) -> None:
         log = RecordLog()
-        log.message("alice", "one")
-        target = log.message("alice", "two")
-        log.message("alice", "three")
+        _, target, _ = log.messages("alice", "one", "two", "three")
         log.delete("bob", target)
         model.apply(log.records[:3])
         before = docs_by_id(model)

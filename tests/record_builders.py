@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from prme.projectors.derive import derive_node
 from prme.projectors.model import ProjectedRecord
-from prme.schemas.records import (
-    AnyRecord,
-    HistoryCleared,
-    HistoryReplaced,
-    Message,
-    MessageDeleted,
-    NodeArchived,
-    NodeRestored,
-    NodeSuperseded,
-    OwnerErased,
-    Role,
-)
+from prme.schemas import records
+from prme.schemas.records import AnyRecord, Message, Role
 
 AT = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def _envelope(event_id: str, owner: str, session: str = "default") -> dict[str, Any]:
+    return {"event_id": event_id, "owner": owner, "session_id": session, "recorded_at": AT}
 
 
 def msg(
@@ -35,11 +30,8 @@ def msg(
 ) -> Message:
     """A message recorded at ``AT`` (by the user unless ``role`` says otherwise)."""
     return Message(
-        event_id=event_id,
-        owner=owner,
-        session_id=session,
+        **_envelope(event_id, owner, session),
         scope=scope,
-        recorded_at=AT,
         occurred_at=occurred_at,
         role=role,
         content=text,
@@ -47,53 +39,45 @@ def msg(
     )
 
 
-def cleared(event_id: str, owner: str = "alice", session: str = "s1") -> HistoryCleared:
-    return HistoryCleared(event_id=event_id, owner=owner, session_id=session, recorded_at=AT)
+def cleared(event_id: str, owner: str = "alice", session: str = "s1") -> records.HistoryCleared:
+    return records.HistoryCleared(**_envelope(event_id, owner, session))
 
 
 def replaced(
     event_id: str, message_count: int, owner: str = "alice", session: str = "s1"
-) -> HistoryReplaced:
+) -> records.HistoryReplaced:
     """The clear marker of a ``history_replaced`` (its messages follow it on the log)."""
-    return HistoryReplaced(
-        event_id=event_id,
-        owner=owner,
-        session_id=session,
-        recorded_at=AT,
-        message_count=message_count,
+    return records.HistoryReplaced(
+        **_envelope(event_id, owner, session), message_count=message_count
     )
 
 
 def deleted(
     event_id: str, target_event_id: str, owner: str = "alice", session: str = "s1"
-) -> MessageDeleted:
-    return MessageDeleted(
-        event_id=event_id,
-        owner=owner,
-        session_id=session,
-        recorded_at=AT,
-        target_event_id=target_event_id,
+) -> records.MessageDeleted:
+    return records.MessageDeleted(
+        **_envelope(event_id, owner, session), target_event_id=target_event_id
     )
 
 
-def archived(event_id: str, node_id: str, owner: str = "alice") -> NodeArchived:
-    return NodeArchived(event_id=event_id, owner=owner, recorded_at=AT, node_id=node_id)
+def archived(event_id: str, node_id: str, owner: str = "alice") -> records.NodeArchived:
+    return records.NodeArchived(**_envelope(event_id, owner), node_id=node_id)
 
 
-def restored(event_id: str, node_id: str, owner: str = "alice") -> NodeRestored:
-    return NodeRestored(event_id=event_id, owner=owner, recorded_at=AT, node_id=node_id)
+def restored(event_id: str, node_id: str, owner: str = "alice") -> records.NodeRestored:
+    return records.NodeRestored(**_envelope(event_id, owner), node_id=node_id)
 
 
 def superseded(
     event_id: str, node_id: str, by_node_id: str, owner: str = "alice"
-) -> NodeSuperseded:
-    return NodeSuperseded(
-        event_id=event_id, owner=owner, recorded_at=AT, node_id=node_id, by_node_id=by_node_id
+) -> records.NodeSuperseded:
+    return records.NodeSuperseded(
+        **_envelope(event_id, owner), node_id=node_id, by_node_id=by_node_id
     )
 
 
-def erased(event_id: str, owner: str = "alice") -> OwnerErased:
-    return OwnerErased(event_id=event_id, owner=owner, recorded_at=AT)
+def erased(event_id: str, owner: str = "alice") -> records.OwnerErased:
+    return records.OwnerErased(**_envelope(event_id, owner))
 
 
 def projected(records: list[AnyRecord], start: int = 0) -> list[ProjectedRecord]:
@@ -136,6 +120,10 @@ class RecordLog:
         node = self.records[-1].node
         assert node is not None
         return node.node_id
+
+    def messages(self, owner: str, *texts: str) -> list[str]:
+        """Append one message per text, in order, in the default session; their node ids."""
+        return [self.message(owner, text) for text in texts]
 
     def clear(self, owner: str, session: str = "s1") -> None:
         self._append(cleared(self._next_id(), owner, session))
