@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -44,18 +45,30 @@ def _explain(header: Any, error: msgspec.ValidationError) -> RecordDecodeError:
     return RecordDecodeError(f"invalid record: {error}")
 
 
-def decode_record(data: bytes) -> AnyRecord:
-    """Decode log bytes into a record; raises a :class:`RecordDecodeError` subclass."""
+def _decode(
+    data: bytes | str,
+    typed: Callable[[Any], Any],
+    untyped: Callable[[Any], Any],
+    form: str,
+) -> AnyRecord:
+    """``data`` through ``typed`` (a record decoder); a :class:`RecordDecodeError` subclass
+    if it is not ``form`` or not a record this PRME reads (``untyped`` reads the header that
+    says which)."""
     try:
-        return _check_version(_record_decoder.decode(data))  # type: ignore[return-value]
+        return _check_version(typed(data))  # type: ignore[return-value]
     except msgspec.ValidationError as error:
         try:
-            header = msgspec.msgpack.decode(data)
+            header = untyped(data)
         except msgspec.DecodeError as inner:
-            raise RecordDecodeError(f"not msgpack: {inner}") from error
+            raise RecordDecodeError(f"not {form}: {inner}") from error
         raise _explain(header, error) from error
     except msgspec.DecodeError as error:
-        raise RecordDecodeError(f"not msgpack: {error}") from error
+        raise RecordDecodeError(f"not {form}: {error}") from error
+
+
+def decode_record(data: bytes) -> AnyRecord:
+    """Decode log bytes into a record; raises a :class:`RecordDecodeError` subclass."""
+    return _decode(data, _record_decoder.decode, msgspec.msgpack.decode, "msgpack")
 
 
 def record_to_json(record: Record) -> bytes:
@@ -65,13 +78,4 @@ def record_to_json(record: Record) -> bytes:
 
 def record_from_json(data: bytes | str) -> AnyRecord:
     """Decode a JSON record (same checks as :func:`decode_record`)."""
-    try:
-        return _check_version(_json_record_decoder.decode(data))  # type: ignore[return-value]
-    except msgspec.ValidationError as error:
-        try:
-            header = msgspec.json.decode(data)
-        except msgspec.DecodeError as inner:
-            raise RecordDecodeError(f"not JSON: {inner}") from error
-        raise _explain(header, error) from error
-    except msgspec.DecodeError as error:
-        raise RecordDecodeError(f"not JSON: {error}") from error
+    return _decode(data, _json_record_decoder.decode, msgspec.json.decode, "JSON")
