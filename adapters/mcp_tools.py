@@ -288,16 +288,7 @@ class MemoryTools:
         return f"Stored event {result.event_id}{node} for {args.user_id}.", result
 
     async def _recall(self, args: RetrieveRequest) -> tuple[str, msgspec.Struct]:
-        response = await self.client.retrieve(
-            args.query,
-            args.user_id,
-            scope=args.scope,
-            top_k=args.top_k,
-            token_budget=args.token_budget,
-            min_score=args.min_score,
-            include_archived=args.include_archived,
-            fusion=args.fusion,
-        )
+        response = await self.client.retrieve_request(args)  # ``after`` is not a tool field
         receipt = response.receipt
         self.receipts.add(receipt)
         text = response.bundle.render()
