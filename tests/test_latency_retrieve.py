@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from prme.query.engine import MemoryEngine
+from prme.query.types import ChannelReport, RetrieveResponse, StoreResult
 from prme.schemas.config import Settings
 
 
@@ -31,16 +32,24 @@ async def test_every_channel_reports_its_own_time_and_candidates(engine: MemoryE
     assert response.results[0].text == "Aurora needs approval before deployment."
 
 
+async def retrieve_with_channel_closed(
+    engine: MemoryEngine, channel: str, min_score: float
+) -> tuple[StoreResult, RetrieveResponse, dict[str, ChannelReport]]:
+    """Store one memory, close ``channel``'s real store under the shard, then retrieve it."""
+    stored = await engine.store("Aurora needs approval before deployment.", "alice")
+    shard = await engine.runner.shard_for("alice")
+    await shard.call(channel, lambda model: model.close())  # a real store gone away
+    response = await engine.retrieve("Aurora deployment approval", "alice", min_score=min_score)
+    reports = {c.name: c for c in response.receipt.channels}
+    assert not reports[channel].used
+    assert reports[channel].error
+    return stored, response, reports
+
+
 async def test_a_failing_lexical_channel_leaves_the_vector_channel_answering(
     engine: MemoryEngine,
 ) -> None:
-    stored = await engine.store("Aurora needs approval before deployment.", "alice")
-    shard = await engine.runner.shard_for("alice")
-    await shard.call("lexical", lambda lexical: lexical.close())  # a real index gone away
-    response = await engine.retrieve("Aurora deployment approval", "alice", min_score=0.0)
-    reports = {c.name: c for c in response.receipt.channels}
-    assert not reports["lexical"].used
-    assert reports["lexical"].error
+    stored, response, reports = await retrieve_with_channel_closed(engine, "lexical", 0.0)
     assert reports["vector"].used
     assert [r.node_id for r in response.results] == stored.node_ids
     assert response.results[0].semantic_relevance is not None
@@ -49,13 +58,7 @@ async def test_a_failing_lexical_channel_leaves_the_vector_channel_answering(
 async def test_a_failing_vector_channel_skips_the_floor_and_keeps_lexical_results(
     engine: MemoryEngine,
 ) -> None:
-    stored = await engine.store("Aurora needs approval before deployment.", "alice")
-    shard = await engine.runner.shard_for("alice")
-    await shard.call("vector", lambda vector: vector.close())  # a real shard gone away
-    response = await engine.retrieve("Aurora deployment approval", "alice", min_score=0.99)
-    reports = {c.name: c for c in response.receipt.channels}
-    assert not reports["vector"].used
-    assert reports["vector"].error
+    stored, response, _ = await retrieve_with_channel_closed(engine, "vector", 0.99)
     assert response.receipt.min_score_skipped
     assert [r.node_id for r in response.results] == stored.node_ids
     assert response.results[0].metadata == {"min_score_skipped": True}
