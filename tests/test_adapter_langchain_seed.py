@@ -186,11 +186,8 @@ def test_service_mode_key_of_another_owner_is_refused(service_url: str) -> None:
     bobs = PRMEChatMessageHistory(
         url=service_url, api_key=SERVICE_KEY, user_id="bob", session_id="s"
     )
-    try:
-        with pytest.raises(Forbidden):
-            _ = bobs.messages
-    finally:
-        bobs.close()
+    with contextlib.closing(bobs), pytest.raises(Forbidden):
+        _ = bobs.messages
 
 
 def test_every_message_class_round_trips_in_service_mode(service_url: str) -> None:
@@ -201,12 +198,10 @@ def test_every_message_class_round_trips_in_service_mode(service_url: str) -> No
     history = PRMEChatMessageHistory(
         url=service_url, api_key=SERVICE_KEY, user_id="alice", session_id="s"
     )
-    try:
-        originals = _every_message()
+    originals = _every_message()
+    with contextlib.closing(history):
         history.add_messages(originals)
         restored = history.messages
-    finally:
-        history.close()
     assert [type(m) for m in restored] == [type(m) for m in originals]
     assert restored == originals
 
