@@ -41,8 +41,8 @@ async def test_a_node_restores_vectors_and_loses_only_the_erased_owners_texts(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     topic = f"prme-test-{uuid.uuid4().hex[:12]}.vectors"
-    cache = VectorCache(tmp_path / "reader.sqlite3")
-    writer = node_changelog(kafka_bootstrap, topic, VectorCache(tmp_path / "writer.sqlite3"))
+    cache, writer_cache = VectorCache(tmp_path / "reader.sqlite3"), VectorCache(tmp_path / "w")
+    writer = node_changelog(kafka_bootstrap, topic, writer_cache)
     reader = node_changelog(kafka_bootstrap, topic, cache)
     await writer.start()
     await reader.start()
@@ -77,3 +77,4 @@ async def test_a_node_restores_vectors_and_loses_only_the_erased_owners_texts(
         await writer.close()
         await reader.close()
         cache.close()
+        writer_cache.close()
