@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from prme.producers.factory import open_transport, open_vector_changelog
 from prme.producers.ingest import ingest_lines
@@ -171,6 +172,30 @@ def ingested(kafka_cluster: KafkaCluster, tmp_path_factory: pytest.TempPathFacto
     return Ingested(settings, ingest.returncode, output.decode(), running, victim)
 
 
+async def replication_of(settings: Settings, topic: str) -> tuple[set[int], str]:
+    """Replica counts of the topic's partitions and its ``min.insync.replicas``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.log.bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+        (response,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, {"min.insync.replicas": None})]
+        )
+    finally:
+        await admin.close()
+    configs = {entry[0]: entry[1] for entry in response.resources[0][4]}
+    return {len(p["replicas"]) for p in described["partitions"]}, configs["min.insync.replicas"]
+
+
+def test_topics_prme_creates_on_three_brokers_have_three_replicas_two_in_sync(
+    ingested: Ingested,
+) -> None:
+    assert asyncio.run(replication_of(ingested.settings, ingested.settings.log.topic)) == (
+        {3},
+        "2",
+    )
+
+
 def test_ingest_keeps_every_line_exactly_once_when_a_broker_dies(ingested: Ingested) -> None:
     assert ingested.killed_while_running, "the ingest ended before the broker was killed"
     assert ingested.returncode == 0, ingested.output[-3000:]
@@ -268,6 +293,8 @@ def test_projection_converges_when_a_broker_dies(faulted: Faulted, clean_digests
     assert faulted.killed_while_running, "the projection ended before the broker was killed"
     assert faulted.encoded > 0
     assert clean_digests and asyncio.run(digests(faulted.settings)) == clean_digests
+    changelog = faulted.settings.log.topic + ".vectors"
+    assert asyncio.run(replication_of(faulted.settings, changelog)) == ({3}, "2")
 
 
 def test_a_fresh_node_restores_vectors_from_the_changelog_and_encodes_nothing(
