@@ -31,7 +31,7 @@ HEAP="${PRME_KAFKA_HEAP:-1g}"
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
