@@ -31,7 +31,7 @@ HEAP="${PRME_KAFKA_HEAP:-1g}"
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -205,6 +205,7 @@ cmd_cluster_start() {
     local root="${1:-}" count="${2:-3}"
     [[ -n "$root" ]] || usage
     [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "node count must be a positive integer"
+    check_probe
     mkdir -p "$root"
     root="$(cd "$root" && pwd)"
     if [[ -f "$root/nodes" ]]; then
