@@ -25,7 +25,7 @@ from prme.producers.factory import open_transport, open_vector_changelog
 from prme.producers.ingest import ingest_lines
 from prme.producers.kafka_changelog import KafkaChangelog
 from prme.producers.producer import MessageDraft, Producer
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.runner import ProjectorRunner
 from prme.projectors.vector_changelog import ChangelogKey
 from prme.schemas.codec import decode_record

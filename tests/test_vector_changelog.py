@@ -10,7 +10,7 @@ import pytest
 
 from prme.producers.kafka_changelog import KafkaChangelog
 from prme.projectors.derive import embedding_text
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.validation import identity_of
 from prme.projectors.embeddings.vector_cache import VectorCache
 from prme.projectors.model import ProjectedRecord
