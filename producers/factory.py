@@ -6,9 +6,14 @@ here and nowhere else; the engine, the CLI and the workers all open their logs t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prme.schemas.config import Settings
 
 from .transport import LogTransport
+
+if TYPE_CHECKING:
+    from .kafka_changelog import KafkaChangelog
 
 
 def open_transport(settings: Settings) -> LogTransport:
@@ -46,7 +51,28 @@ def _open_log(
             partitions,
             request_timeout_s=log.request_timeout_s,
             transactional_id=transactional_id,
+            replication_factor=log.replication_factor,
+            min_insync_replicas=log.min_insync_replicas,
         )
     from .local_log import LocalLogTransport
 
     return LocalLogTransport(settings.data_path / file_name, partitions)
+
+
+def open_vector_changelog(settings: Settings) -> KafkaChangelog | None:
+    """The not-yet-started vector changelog (``<topic>.vectors``) on Kafka; ``None`` on the
+    embedded local log, which keeps its vectors in the local cache only, or when disabled."""
+    log = settings.log
+    if log.transport != "kafka" or not log.vector_changelog:
+        return None
+    from .kafka_changelog import CHANGELOG_SUFFIX, KafkaChangelog
+
+    return KafkaChangelog(
+        log.bootstrap,
+        log.topic + CHANGELOG_SUFFIX,
+        log.partitions,
+        request_timeout_s=log.request_timeout_s,
+        replication_factor=log.replication_factor,
+        min_insync_replicas=log.min_insync_replicas,
+        configs=log.vector_changelog_configs,
+    )

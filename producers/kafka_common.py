@@ -29,8 +29,16 @@ async def bounded(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
 
 async def stop_quietly(stop: Awaitable[Any], timeout_s: float) -> None:
     # Closing is best effort: the broker expires sessions and members on its own.
-    with contextlib.suppress(TimeoutError, KafkaError):
-        await asyncio.wait_for(stop, timeout_s)
+    try:
+        with contextlib.suppress(TimeoutError, KafkaError):
+            await asyncio.wait_for(stop, timeout_s)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the caller is being cancelled
+        # aiokafka's fetcher cancels its own fetch tasks on close and lets that
+        # cancellation escape when one is backing off from a dead broker: the client is
+        # stopped all the same, and the caller was not cancelled.
 
 
 def entry_of(record: ConsumerRecord[bytes, bytes]) -> LogEntry:

@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 
 from prme.schemas.errors import ConfigurationError, TransportError
 
 from .kafka_common import bounded, entry_of, stop_quietly
 from .kafka_consumer import KafkaLogConsumer
 from .kafka_group import GroupMember, describe_group
+from .kafka_topics import RETENTION_FOREVER, Replication, cluster_replication, create_topic
 from .partitioner import partition_for_key
 from .transport import LogEntry, LogItem, Position
 
@@ -30,8 +31,6 @@ T = TypeVar("T")
 
 DEFAULT_TOPIC = "prme.events"
 DEDUPE_CAPACITY = 100_000
-_TOPIC_EXISTS = 36
-_RETENTION_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
 class _DedupeCache:
@@ -73,7 +72,8 @@ class KafkaLogTransport:
         request_timeout_s: float = 30.0,
         client_id: str = "prme",
         transactional_id: str | None = None,
-        replication_factor: int = 1,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
         dedupe_capacity: int = DEDUPE_CAPACITY,
     ) -> None:
         if partitions <= 0:
@@ -85,6 +85,8 @@ class KafkaLogTransport:
         self._client_id = client_id
         self._stable_txn_id = transactional_id
         self._replication_factor = replication_factor
+        self._min_insync = min_insync_replicas
+        self._replication: Replication | None = None
         self._dedupe = _DedupeCache(dedupe_capacity)
         self.dedupe_hits = 0
         """Appends answered from the dedupe map (or a same-key append in flight)."""
@@ -105,6 +107,11 @@ class KafkaLogTransport:
         return self._topic
 
     @property
+    def replication(self) -> Replication | None:
+        """How this transport's topics are replicated (known once started)."""
+        return self._replication
+
+    @property
     def bootstrap(self) -> str:
         return self._bootstrap
 
@@ -123,6 +130,9 @@ class KafkaLogTransport:
                 request_timeout_ms=self._timeout_ms,
             )
             await bounded(self._admin.start(), self._timeout_s, "admin connect")
+            self._replication = await cluster_replication(
+                self._admin, self._timeout_s, self._replication_factor, self._min_insync
+            )
             await self.ensure_topic(self._topic, self._partitions)
             producer = AIOKafkaProducer(
                 bootstrap_servers=self._bootstrap,
@@ -157,50 +167,29 @@ class KafkaLogTransport:
     ) -> int:
         """Create topic ``name`` (unlimited retention) unless it exists; its partition count.
 
-        Used for the events topic and the dead-letter topic. When the events topic already
-        exists with a different partition count, raises :class:`ConfigurationError`: owners
-        would map to other partitions than the local transport gives them.
+        Used for the events topic and the dead-letter topic, replicated as
+        :mod:`~prme.producers.kafka_topics` derives from the cluster unless configured.
+        When the events topic already exists with a different partition count, raises
+        :class:`ConfigurationError`: owners would map to other partitions than the local
+        transport gives them.
         """
-        if self._admin is None:
+        if self._admin is None or self._replication is None:
             raise TransportError("kafka transport is not started")
         wanted = partitions if partitions is not None else self._partitions
-        topic = NewTopic(
+        actual = await create_topic(
+            self._admin,
             name,
-            num_partitions=wanted,
-            replication_factor=self._replication_factor,
-            topic_configs={**_RETENTION_FOREVER, **(configs or {})},
-        )
-        response = await bounded(
-            self._admin.create_topics([topic], timeout_ms=self._timeout_ms),
+            wanted,
+            self._replication,
             self._timeout_s,
-            f"create topic {name}",
+            {**RETENTION_FOREVER, **(configs or {})},
         )
-        for error in response.topic_errors:
-            code, message = error[1], error[2] if len(error) > 2 else None
-            if code not in (0, _TOPIC_EXISTS):
-                raise TransportError(f"kafka: cannot create topic {name}: {code} {message}")
-        actual = await self._partition_count(name)
         if name == self._topic and actual != self._partitions:
             raise ConfigurationError(
                 f"topic {name} has {actual} partitions but this transport is configured "
                 f"for {self._partitions}"
             )
         return actual
-
-    async def _partition_count(self, name: str) -> int:
-        assert self._admin is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout_s
-        while True:
-            topics = await bounded(
-                self._admin.describe_topics([name]), self._timeout_s, f"describe topic {name}"
-            )
-            found = [t for t in topics if t["topic"] == name and t["error_code"] == 0]
-            if found and found[0]["partitions"]:
-                return len(found[0]["partitions"])
-            if loop.time() >= deadline:
-                raise TransportError(f"kafka: topic {name} has no metadata after creation")
-            await asyncio.sleep(0.1)  # metadata propagation poll interval
 
     async def close(self) -> None:
         """Stop every client this transport holds; safe to call twice."""

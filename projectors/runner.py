@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prme.producers.factory import open_vector_changelog
 from prme.producers.transport import LogConsumer, LogTransport
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConsistencyTimeout, ShardUnavailable, TransportError
@@ -25,6 +26,7 @@ from .embeddings.vector_cache import VectorCache, embed_with_cache
 from .model import ModelName
 from .registry import MODEL_NAMES, read_models
 from .shard import Shard, replace_model_directory, shard_directory
+from .vector_changelog import RestoreStats, VectorChangelog
 
 GROUP = "prme-projectors"
 PROGRESS_EVERY_S = 2.0
@@ -61,6 +63,14 @@ class ProjectorRunner:
         self._vector_cache = VectorCache(self._data_dir / "vector_cache.sqlite3")
         self.metrics = metrics if metrics is not None else Metrics(enabled=False)
         self._sample_caches()
+        changelog_log = open_vector_changelog(settings)
+        self.changelog = (
+            None
+            if changelog_log is None
+            else VectorChangelog(changelog_log, self._vector_cache, self.identity)
+        )
+        self.restores: list[RestoreStats] = []
+        """One entry per vector changelog restore this runner ran (partition, records, s)."""
         self.shards: dict[int, Shard] = {}
         self._consumed: dict[int, int] = {}
         self._consumer: LogConsumer | None = None
@@ -78,6 +88,8 @@ class ProjectorRunner:
     async def start(self) -> None:
         """Join the consumer group and start applying in the background."""
         self._data_dir.mkdir(parents=True, exist_ok=True)
+        if self.changelog is not None:
+            await self.changelog.start()
         self._consumer = self.transport.consumer(self._group)
         await self._consumer.start(self._on_assigned, self._on_revoked)
         self._task = asyncio.create_task(self._run(), name="prme-projector")
@@ -96,6 +108,8 @@ class ProjectorRunner:
             await asyncio.wait({task}, timeout=30)
         for partition in list(self.shards):
             await self._close_shard(partition)
+        if self.changelog is not None:
+            await self.changelog.close()
         self._vector_cache.close()
         if self._owns_vectors:
             self.vectors.close()
@@ -113,6 +127,7 @@ class ProjectorRunner:
                     self.identity,
                     vectors=self.vectors,
                     metrics=self.metrics,
+                    changelog=self.changelog,
                 )
                 await shard.open(lazily=True)
                 self.shards[partition] = shard
@@ -130,6 +145,8 @@ class ProjectorRunner:
 
     async def _close_shard(self, partition: int) -> None:
         self._consumed.pop(partition, None)
+        if self.changelog is not None:
+            self.changelog.forget(partition)
         shard = self.shards.pop(partition, None)
         if shard is not None:
             await shard.close()
@@ -162,6 +179,10 @@ class ProjectorRunner:
                 shard = self.shards.get(partition)
                 if shard is None:
                     continue
+                if self.changelog is not None and not self.changelog.restored(partition):
+                    # A partition new to this node: its vectors first, then no encoding.
+                    self.restores.append(await self.changelog.restore(partition))
+                    _log.info("restored vectors %s", self.restores[-1])
                 dead = await shard.apply(entries, self._encode)
                 self.metrics.batch_size.observe(len(entries))
                 self.metrics.records_applied.labels(str(partition)).inc(len(entries))

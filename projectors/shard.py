@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prme.producers.transport import LogEntry
 from prme.schemas.codec import decode_record, encode_record
@@ -26,6 +26,9 @@ from .derive import derive_node, embedding_text
 from .embeddings.protocol import EmbeddingIdentity
 from .model import ModelName, ProjectedRecord, ReadModel
 from .registry import MODEL_NAMES, ModelContext, ReadModelSpec, open_read_model, read_models
+
+if TYPE_CHECKING:
+    from .vector_changelog import VectorChangelog
 
 T = TypeVar("T")
 
@@ -55,9 +58,11 @@ class Shard:
         models: Sequence[ModelName] = MODEL_NAMES,
         vectors: VectorBackend | None = None,
         metrics: Metrics | None = None,
+        changelog: VectorChangelog | None = None,
     ) -> None:
         """Without ``vectors`` the shard opens (and closes) the backend ``settings`` name."""
         self.directory = directory
+        self._changelog = changelog
         self._metrics = metrics if metrics is not None else Metrics(enabled=False)
         self.partition = partition
         self._settings = settings
@@ -162,6 +167,8 @@ class Shard:
             vector = live.get("vector")
             if vector is not None:
                 projected = await self._with_vectors(projected, vector.applied_offset(), encode)
+            if self._changelog is not None:  # before the models: a crash repeats, never skips
+                await self._changelog.record(self.partition, projected)
             dead.extend(await self.run(self._apply_all, live, projected))
         return dead
 

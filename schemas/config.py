@@ -22,6 +22,15 @@ class LogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     request_timeout_s: float = 30.0
     transactional_id: str | None = None
     """Kafka only: a stable id fences a crashed predecessor and aborts its open transaction."""
+    replication_factor: int | None = None
+    """Kafka only, for topics PRME creates; unset: ``min(3, brokers in the cluster)``."""
+    min_insync_replicas: int | None = None
+    """Kafka only; unset: ``replication_factor - 1`` (at least 1): 2 on three brokers."""
+    vector_changelog: bool = True
+    """Kafka only: publish computed vectors to the compacted topic ``<topic>.vectors`` and
+    restore a partition's vectors from it before replaying the partition."""
+    vector_changelog_configs: dict[str, str] = {}
+    """Extra topic configs for the changelog when it is created (compaction tuning)."""
 
 
 class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

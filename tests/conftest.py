@@ -20,7 +20,8 @@ KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "kafka" / "kafka
 
 
 def _kafka_script(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PRME_PYTHON": sys.executable}
+    # Cluster nodes are small: three JVMs share a 2-core test machine.
+    env = {"PRME_KAFKA_HEAP": "512m", **os.environ, "PRME_PYTHON": sys.executable}
     return subprocess.run(
         ["bash", str(KAFKA_SCRIPT), *args],
         env=env,
@@ -76,6 +77,45 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield started.stdout.strip().splitlines()[-1]
     finally:
         _kafka_script("stop", str(data_dir), timeout_s=90)
+
+
+class KafkaCluster:
+    """A running N-broker cluster started by ``kafka.sh cluster-start`` (node ids 1..N)."""
+
+    def __init__(self, root: Path, bootstrap: str, nodes: int) -> None:
+        self.root = root
+        self.bootstrap = bootstrap
+        self.nodes = nodes
+
+    def kill(self, node: int) -> None:
+        """SIGKILL broker ``node`` (a crash: no controlled shutdown)."""
+        result = _kafka_script("kill", str(self.root / f"b{node}"), timeout_s=60)
+        if result.returncode != 0:
+            _kafka_failure(f"kill b{node}", result)
+
+    def start(self, node: int) -> None:
+        """Start broker ``node`` again and wait until it answers."""
+        result = _kafka_script("start", str(self.root / f"b{node}"), timeout_s=180)
+        if result.returncode != 0:
+            _kafka_failure(f"start b{node}", result)
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A real 3-broker KRaft cluster on loopback ports, one per test module (it costs
+    ~15 s to start); stopped afterwards. Topics on it get 3 replicas, min ISR 2."""
+    fetched = _kafka_script("fetch", timeout_s=600)
+    if fetched.returncode != 0:
+        _kafka_failure("fetch", fetched)
+    root = tmp_path_factory.mktemp("kafka-cluster")
+    started = _kafka_script("cluster-start", str(root), "3", timeout_s=240)
+    if started.returncode != 0:
+        _kafka_script("cluster-stop", str(root), timeout_s=120)
+        _kafka_failure("cluster-start", started)
+    try:
+        yield KafkaCluster(root, started.stdout.strip().splitlines()[-1], 3)
+    finally:
+        _kafka_script("cluster-stop", str(root), timeout_s=120)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import ingest_throughput, projection, retrieve_latency
+from benchmarks import ingest_throughput, projection, restore, retrieve_latency
 from prme.projectors.registry import MODEL_NAMES
 
 
@@ -93,3 +93,24 @@ def test_retrieve_benchmark_reports_engine_http_and_embedding_latency(
         assert total == pytest.approx(
             layout["in_process"]["p95_ms"] + report["real_model_embed_query"]["p95_ms"], abs=0.01
         )
+
+
+@pytest.mark.kafka
+@pytest.mark.model
+def test_restore_benchmark_takes_over_from_the_changelog_without_encoding(
+    tmp_path: Path, kafka_bootstrap: str, default_model_dir: Path
+) -> None:
+    report = run(
+        restore.main,
+        tmp_path,
+        *("--messages", "60", "--owners", "5", "--runs", "1", "--bootstrap", kafka_bootstrap),
+        *("--models-dir", str(default_model_dir.parent)),
+    )
+    takeover = report["takeover"]
+    assert report["seed_run"]["texts_encoded"] == 60
+    assert takeover["reembed"]["texts_encoded"] == 60
+    assert takeover["changelog"]["texts_encoded"] == 0
+    assert takeover["changelog"]["changelog_records"] == 60
+    assert report["changelog_to_reembed_records_per_s"] == pytest.approx(
+        takeover["changelog"]["records_per_s"] / takeover["reembed"]["records_per_s"], rel=0.01
+    )

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# A single-node Apache Kafka (KRaft) broker for PRME development and tests, without Docker.
+# Apache Kafka (KRaft) brokers for PRME development and tests, without Docker.
 #
-#   kafka.sh fetch             fetch the broker jars with Maven (once; cached)
-#   kafka.sh start DATA_DIR    format (first time) and start a broker; prints 127.0.0.1:PORT last
-#   kafka.sh stop DATA_DIR     SIGTERM, then SIGKILL after PRME_KAFKA_STOP_TIMEOUT seconds
-#   kafka.sh status DATA_DIR   exit 0 and print the bootstrap address when running
+#   kafka.sh fetch                  fetch the broker jars with Maven (once; cached)
+#   kafka.sh start DATA_DIR         format (first time) and start a broker; prints 127.0.0.1:PORT last
+#   kafka.sh stop DATA_DIR          SIGTERM, then SIGKILL after PRME_KAFKA_STOP_TIMEOUT seconds
+#   kafka.sh kill DATA_DIR          SIGKILL at once (a crash, for fault tests)
+#   kafka.sh status DATA_DIR        exit 0 and print the bootstrap address when running
+#   kafka.sh cluster-start DIR [N]  N (default 3) replicated brokers in DIR/b1..bN; prints the
+#                                   bootstrap list last; restarts any stopped node of DIR
+#   kafka.sh cluster-stop DIR       stop every node of the cluster in DIR
+#   kafka.sh cluster-status DIR     one status line per node; exit 0 when all run
+# A cluster node DIR/bI is an ordinary data directory: start, stop and kill it alone.
 #
 # Environment: PRME_KAFKA_CACHE (jar cache, default ~/.cache/prme/kafka-libs),
 # PRME_KAFKA_START_TIMEOUT (default 90), PRME_KAFKA_STOP_TIMEOUT (default 30),
@@ -25,7 +31,7 @@ HEAP="${PRME_KAFKA_HEAP:-1g}"
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -66,21 +72,24 @@ free_port() {
 s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
-# Blocks until the broker answers an admin describe_cluster, the process dies, or the deadline.
+# Blocks until the cluster at $1 describes at least $3 brokers (default 1), any of the
+# processes in $2 (comma-separated pids) dies, or the deadline.
 wait_ready() {
-    "$PYTHON" - "$1" "$2" "$START_TIMEOUT" <<'PY'
+    "$PYTHON" - "$1" "$2" "$START_TIMEOUT" "${3:-1}" <<'PY'
 import asyncio, logging, os, sys, time
 
 from aiokafka.admin import AIOKafkaAdminClient
 
 logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
-bootstrap, pid, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+bootstrap, pids, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+brokers = int(sys.argv[4])
 
 
 def alive() -> bool:
     try:
-        os.kill(pid, 0)
+        for pid in pids.split(","):
+            os.kill(int(pid), 0)
     except OSError:
         return False
     return True
@@ -91,7 +100,7 @@ async def probe() -> bool:
     try:
         await asyncio.wait_for(admin.start(), 10)
         cluster = await asyncio.wait_for(admin.describe_cluster(), 10)
-        return bool(cluster.get("brokers"))
+        return len(cluster.get("brokers") or []) >= brokers
     except Exception:
         return False
     finally:
@@ -113,6 +122,51 @@ sys.exit(asyncio.run(main()))
 PY
 }
 
+new_cluster_id() {
+    "$PYTHON" -c 'import base64, uuid
+print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))'
+}
+
+# format_storage DATA_DIR CLUSTER_ID [FLAGS...]: format the node's log directory once.
+format_storage() {
+    local data="$1" cluster_id="$2"
+    shift 2
+    java -cp "$LIBS/*" -Dlog4j2.configurationFile="$HERE/log4j2.properties" \
+        -Dprme.kafka.log="$data/format.log" \
+        kafka.tools.StorageTool format "$@" -t "$cluster_id" -c "$data/server.properties" \
+        >"$data/format.out" 2>&1 || { cat "$data/format.out" >&2; die "storage format failed"; }
+}
+
+# launch DATA_DIR: start the JVM of a formatted node in the background; prints its pid.
+launch() {
+    local data="$1"
+    setsid java -Xms256m -Xmx"$HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$HERE/log4j2.properties" \
+        -Dprme.kafka.log="$data/server.log" \
+        -cp "$LIBS/*" kafka.Kafka "$data/server.properties" >"$data/kafka.out" 2>&1 </dev/null &
+    echo "$!" >"$data/kafka.pid"
+    echo "$!"
+}
+
+# not_ready RC DIR...: report why a start failed, show the log tails and stop the nodes.
+not_ready() {
+    local rc="$1"
+    shift
+    if [[ $rc -eq 2 ]]; then echo "kafka.sh: broker exited during startup" >&2
+    else echo "kafka.sh: broker not ready after ${START_TIMEOUT}s" >&2; fi
+    local data
+    for data in "$@"; do
+        tail -n 40 "$data/kafka.out" "$data/server.log" >&2 2>/dev/null || true
+        cmd_stop "$data" >/dev/null 2>&1 || true
+    done
+    exit 1
+}
+
+prepare() {
+    fetched || cmd_fetch >/dev/null
+    command -v java >/dev/null || die "java not found (install a JDK 17+)"
+}
+
 cmd_start() {
     local data="${1:-}"
     [[ -n "$data" ]] || usage
@@ -123,47 +177,103 @@ cmd_start() {
         cat "$data/bootstrap"
         return 0
     fi
-    fetched || cmd_fetch >/dev/null
-    command -v java >/dev/null || die "java not found (install a JDK 17+)"
+    prepare
 
-    local props="$data/server.properties"
     if [[ ! -f "$data/logs/meta.properties" ]]; then
         # First start: pick free ports, write the config, format the storage.
-        local broker_port controller_port cluster_id
+        local broker_port controller_port
         broker_port="$(free_port)"
         controller_port="$(free_port)"
         while [[ "$controller_port" == "$broker_port" ]]; do controller_port="$(free_port)"; done
         sed -e "s|@BROKER_PORT@|$broker_port|g" -e "s|@CONTROLLER_PORT@|$controller_port|g" \
-            -e "s|@DATA_DIR@|$data|g" "$HERE/server.properties.template" >"$props"
+            -e "s|@DATA_DIR@|$data|g" "$HERE/server.properties.template" >"$data/server.properties"
         echo "127.0.0.1:$broker_port" >"$data/bootstrap"
-        cluster_id="$("$PYTHON" -c 'import base64, uuid
-print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
-        java -cp "$LIBS/*" -Dlog4j2.configurationFile="$HERE/log4j2.properties" \
-            -Dprme.kafka.log="$data/format.log" \
-            kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$props" \
-            >"$data/format.out" 2>&1 || { cat "$data/format.out" >&2; die "storage format failed"; }
+        format_storage "$data" "$(new_cluster_id)" --standalone
     fi
     # On a restart the formatted quorum remembers the controller port: reuse the config.
+    # A node of a cluster (cluster-start) restarts the same way, and rejoins its quorum.
 
-    local bootstrap
+    local bootstrap pid rc=0
     bootstrap="$(cat "$data/bootstrap")"
-    setsid java -Xms256m -Xmx"$HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
-        -Dlog4j2.configurationFile="$HERE/log4j2.properties" \
-        -Dprme.kafka.log="$data/server.log" \
-        -cp "$LIBS/*" kafka.Kafka "$props" >"$data/kafka.out" 2>&1 </dev/null &
-    local pid=$!
-    echo "$pid" >"$data/kafka.pid"
-
-    local rc=0
+    pid="$(launch "$data")"
     wait_ready "$bootstrap" "$pid" || rc=$?
-    if [[ $rc -ne 0 ]]; then
-        if [[ $rc -eq 2 ]]; then echo "kafka.sh: broker exited during startup" >&2
-        else echo "kafka.sh: broker not ready after ${START_TIMEOUT}s" >&2; fi
-        tail -n 40 "$data/kafka.out" "$data/server.log" >&2 2>/dev/null || true
-        cmd_stop "$data" >/dev/null 2>&1 || true
-        exit 1
-    fi
+    [[ $rc -eq 0 ]] || not_ready "$rc" "$data"
     echo "$bootstrap"
+}
+
+cmd_cluster_start() {
+    local root="${1:-}" count="${2:-3}"
+    [[ -n "$root" ]] || usage
+    [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "node count must be a positive integer"
+    check_probe
+    mkdir -p "$root"
+    root="$(cd "$root" && pwd)"
+    if [[ -f "$root/nodes" ]]; then
+        count="$(cat "$root/nodes")"
+    else
+        prepare
+        # First start: two distinct free ports per node, a static voter set of all nodes.
+        local -a ports=()
+        local port i
+        while ((${#ports[@]} < 2 * count)); do
+            port="$(free_port)"
+            [[ " ${ports[*]} " == *" $port "* ]] || ports+=("$port")
+        done
+        local voters="" servers=""
+        for ((i = 1; i <= count; i++)); do
+            voters+="${voters:+,}$i@127.0.0.1:${ports[2 * i - 1]}"
+            servers+="${servers:+,}127.0.0.1:${ports[2 * i - 2]}"
+        done
+        local rf=$((count < 3 ? count : 3))
+        local min_isr=$((rf > 1 ? rf - 1 : 1))
+        local cluster_id data
+        cluster_id="$(new_cluster_id)"
+        for ((i = 1; i <= count; i++)); do
+            data="$root/b$i"
+            mkdir -p "$data"
+            sed -e "s|@NODE_ID@|$i|g" -e "s|@BROKER_PORT@|${ports[2 * i - 2]}|g" \
+                -e "s|@CONTROLLER_PORT@|${ports[2 * i - 1]}|g" -e "s|@VOTERS@|$voters|g" \
+                -e "s|@RF@|$rf|g" -e "s|@MIN_ISR@|$min_isr|g" -e "s|@DATA_DIR@|$data|g" \
+                "$HERE/cluster.properties.template" >"$data/server.properties"
+            echo "127.0.0.1:${ports[2 * i - 2]}" >"$data/bootstrap"
+            format_storage "$data" "$cluster_id" &
+        done
+        wait
+        for ((i = 1; i <= count; i++)); do
+            [[ -f "$root/b$i/logs/meta.properties" ]] || die "storage format of b$i failed"
+        done
+        echo "$servers" >"$root/bootstrap"
+        echo "$count" >"$root/nodes"
+    fi
+    prepare
+    # Every node starts at once: a controller quorum needs a majority before any broker
+    # can register.
+    local -a pids=() dirs=()
+    local i data
+    for ((i = 1; i <= count; i++)); do
+        data="$root/b$i"
+        dirs+=("$data")
+        if pid_alive "$data"; then
+            pids+=("$(cat "$data/kafka.pid")")
+        else
+            pids+=("$(launch "$data")")
+        fi
+    done
+    local bootstrap rc=0
+    bootstrap="$(cat "$root/bootstrap")"
+    wait_ready "$bootstrap" "$(IFS=,; echo "${pids[*]}")" "$count" || rc=$?
+    [[ $rc -eq 0 ]] || not_ready "$rc" "${dirs[@]}"
+    echo "$bootstrap"
+}
+
+cmd_cluster_each() {
+    local action="$1" root="${2:-}" rc=0 i
+    [[ -n "$root" && -f "$root/nodes" ]] || die "no cluster in ${root:-?} (cluster-start first)"
+    for ((i = 1; i <= $(cat "$root/nodes"); i++)); do
+        echo -n "b$i: "
+        "$action" "$root/b$i" || rc=$?
+    done
+    return "$rc"
 }
 
 cmd_stop() {
@@ -190,6 +300,32 @@ cmd_stop() {
     echo "stopped"
 }
 
+# Every node gets SIGTERM at once: stopped one by one, the last ones would wait for a
+# controller quorum that is already gone.
+cmd_cluster_stop() {
+    local root="${1:-}" i
+    [[ -n "$root" && -f "$root/nodes" ]] || die "no cluster in ${root:-?} (cluster-start first)"
+    for ((i = 1; i <= $(cat "$root/nodes"); i++)); do
+        if pid_alive "$root/b$i"; then kill -TERM "$(cat "$root/b$i/kafka.pid")" 2>/dev/null || true; fi
+    done
+    cmd_cluster_each cmd_stop "$root"
+}
+
+cmd_kill() {
+    local data="${1:-}"
+    [[ -n "$data" ]] || usage
+    if pid_alive "$data"; then
+        local pid
+        pid="$(cat "$data/kafka.pid")"
+        kill -KILL "$pid" 2>/dev/null || true
+        while kill -0 "$pid" 2>/dev/null; do
+            sleep 0.1  # poll interval while the kernel reaps the process
+        done
+    fi
+    rm -f "$data/kafka.pid"
+    echo "killed"
+}
+
 cmd_status() {
     local data="${1:-}"
     [[ -n "$data" ]] || usage
@@ -205,6 +341,10 @@ case "${1:-}" in
     fetch) cmd_fetch ;;
     start) cmd_start "${2:-}" ;;
     stop) cmd_stop "${2:-}" ;;
+    kill) cmd_kill "${2:-}" ;;
     status) cmd_status "${2:-}" ;;
+    cluster-start) cmd_cluster_start "${2:-}" "${3:-3}" ;;
+    cluster-stop) cmd_cluster_stop "${2:-}" ;;
+    cluster-status) cmd_cluster_each cmd_status "${2:-}" ;;
     *) usage ;;
 esac

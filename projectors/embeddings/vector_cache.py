@@ -12,7 +12,7 @@ import hashlib
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -32,7 +32,11 @@ CREATE TABLE IF NOT EXISTS vectors (
     content_hash TEXT NOT NULL,
     vector BLOB NOT NULL,
     PRIMARY KEY (identity, content_hash)
-) WITHOUT ROWID
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS changelog_offsets (
+    name TEXT PRIMARY KEY,
+    next_offset INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 
@@ -58,7 +62,7 @@ class VectorCache:
         )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(_SCHEMA)
+        self._db.executescript(_SCHEMA)
         self.hits = 0
         """Texts :meth:`get_many` found a vector for (this process, since opening)."""
         self.misses = 0
@@ -122,6 +126,46 @@ class VectorCache:
                     "INSERT OR REPLACE INTO vectors (identity, content_hash, vector) "
                     "VALUES (?, ?, ?)",
                     rows,
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def changelog_offset(self, name: str) -> int:
+        """Where loading changelog ``name`` stopped last time (0 when never loaded)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT next_offset FROM changelog_offsets WHERE name = ?", (name,)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def load_changelog(
+        self,
+        identity_key: str,
+        puts: Mapping[str, bytes],
+        deletes: Iterable[str],
+        name: str,
+        next_offset: int,
+    ) -> None:
+        """In one transaction: store ``content hash -> float32 bytes`` rows under
+        ``identity_key``, drop the ``deletes`` hashes, and note ``next_offset`` for ``name``."""
+        rows = [(identity_key, digest, blob) for digest, blob in puts.items()]
+        gone = [(identity_key, digest) for digest in deletes]
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO vectors (identity, content_hash, vector) "
+                    "VALUES (?, ?, ?)",
+                    rows,
+                )
+                self._db.executemany(
+                    "DELETE FROM vectors WHERE identity = ? AND content_hash = ?", gone
+                )
+                self._db.execute(
+                    "INSERT OR REPLACE INTO changelog_offsets (name, next_offset) VALUES (?, ?)",
+                    (name, next_offset),
                 )
             except BaseException:
                 self._db.execute("ROLLBACK")

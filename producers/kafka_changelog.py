@@ -1,0 +1,212 @@
+"""A compacted Kafka topic co-partitioned with the events topic: the vector changelog.
+
+Records go to explicit partition numbers (the owner's events partition), so a node that is
+handed events partition N finds that partition's state in changelog partition N. Kafka
+keeps the latest value per key; a ``None`` value is a tombstone, removed by compaction
+after ``delete.retention.ms``. Nothing here knows what the keys or values mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from prme.schemas.errors import ConfigurationError, TransportError
+
+from .kafka_common import bounded, stop_quietly
+from .kafka_topics import Replication, cluster_replication, create_topic
+
+CHANGELOG_SUFFIX = ".vectors"
+COMPACTED = {"cleanup.policy": "compact"}
+_FETCH_BYTES = 8 * 1024 * 1024
+
+
+class ChangelogEntry(msgspec.Struct, frozen=True):
+    """One changelog record; ``value`` is ``None`` for a tombstone."""
+
+    offset: int
+    key: bytes
+    value: bytes | None
+
+
+class KafkaChangelog:
+    """Publish keyed values to chosen partitions of a compacted topic; read a partition
+    back from an offset. Writes use an idempotent producer with ``acks=all``."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        *,
+        request_timeout_s: float = 30.0,
+        client_id: str = "prme-changelog",
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+        configs: dict[str, str] | None = None,
+    ) -> None:
+        if partitions <= 0:
+            raise ConfigurationError("partitions must be positive")
+        self._bootstrap = bootstrap
+        self._topic = topic
+        self._partitions = partitions
+        self._timeout_s = request_timeout_s
+        self._client_id = client_id
+        self._replication_factor = replication_factor
+        self._min_insync = min_insync_replicas
+        self._configs = {**COMPACTED, **(configs or {})}
+        self._producer: AIOKafkaProducer | None = None
+        self._reader: AIOKafkaConsumer | None = None
+        self._read_lock = asyncio.Lock()
+        self.replication: Replication | None = None
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    async def start(self) -> None:
+        """Create the topic unless it exists (with the events topic's partition count)
+        and start the producer and the reader."""
+        if self._producer is not None:
+            return
+        timeout_ms = int(self._timeout_s * 1000)
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self._bootstrap,
+            client_id=f"{self._client_id}-admin",
+            request_timeout_ms=timeout_ms,
+        )
+        try:
+            await bounded(admin.start(), self._timeout_s, "admin connect")
+            self.replication = await cluster_replication(
+                admin, self._timeout_s, self._replication_factor, self._min_insync
+            )
+            actual = await create_topic(
+                admin,
+                self._topic,
+                self._partitions,
+                self.replication,
+                self._timeout_s,
+                self._configs,
+            )
+        finally:
+            await stop_quietly(admin.close(), self._timeout_s)
+        if actual != self._partitions:
+            raise ConfigurationError(
+                f"topic {self._topic} has {actual} partitions but the events topic has "
+                f"{self._partitions}: the changelog must be co-partitioned"
+            )
+        try:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self._bootstrap,
+                client_id=self._client_id,
+                enable_idempotence=True,
+                acks="all",
+                linger_ms=5,
+                max_request_size=_FETCH_BYTES,
+                request_timeout_ms=timeout_ms,
+            )
+            await bounded(producer.start(), self._timeout_s, "changelog producer start")
+            self._producer = producer
+            reader = AIOKafkaConsumer(
+                bootstrap_servers=self._bootstrap,
+                client_id=f"{self._client_id}-reader",
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=_FETCH_BYTES,
+                fetch_max_bytes=4 * _FETCH_BYTES,
+                request_timeout_ms=timeout_ms,
+            )
+            await bounded(reader.start(), self._timeout_s, "changelog reader start")
+            self._reader = reader
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Stop the producer and the reader; safe to call twice."""
+        clients: list[Any] = [self._reader, self._producer]
+        self._reader = self._producer = None
+        for client in clients:
+            if client is not None:
+                await stop_quietly(client.stop(), self._timeout_s)
+
+    async def publish(self, partition: int, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Write ``(key, value)`` pairs to ``partition`` and wait until all are acknowledged
+        (``value=None`` writes a tombstone)."""
+        if not records:
+            return
+        self._check(partition)
+        producer = self._require(self._producer)
+        deliveries = [
+            await producer.send(self._topic, value, key=key, partition=partition)
+            for key, value in records
+        ]
+        await bounded(asyncio.gather(*deliveries), self._timeout_s, "changelog publish")
+
+    async def end_offset(self, partition: int) -> int:
+        """The offset the next record of ``partition`` will get."""
+        self._check(partition)
+        reader = self._require(self._reader)
+        tp = TopicPartition(self._topic, partition)
+        ends = await bounded(reader.end_offsets([tp]), self._timeout_s, "changelog end offset")
+        return int(ends[tp])
+
+    async def read(
+        self, partition: int, offset: int, end: int, max_records: int = 5000
+    ) -> tuple[list[ChangelogEntry], int]:
+        """Records of ``partition`` in ``[offset, end)`` (at most ``max_records``) and the
+        offset to read from next; compaction leaves gaps, so that may pass the last
+        record's offset + 1."""
+        self._check(partition)
+        if offset >= end:
+            return [], offset
+        reader = self._require(self._reader)
+        tp = TopicPartition(self._topic, partition)
+        async with self._read_lock:
+            reader.assign([tp])
+            reader.seek(tp, offset)
+            return await bounded(
+                self._read_until(reader, tp, end, max_records), self._timeout_s, "changelog read"
+            )
+
+    @staticmethod
+    async def _read_until(
+        reader: AIOKafkaConsumer, tp: TopicPartition, end: int, max_records: int
+    ) -> tuple[list[ChangelogEntry], int]:
+        entries: list[ChangelogEntry] = []
+        position = await reader.position(tp)
+        while len(entries) < max_records and position < end:
+            batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
+            for record in batch.get(tp, []):
+                if record.offset >= end:
+                    break
+                entries.append(ChangelogEntry(record.offset, record.key or b"", record.value))
+            position = await reader.position(tp)
+        return entries, min(position, end)
+
+    def _check(self, partition: int) -> None:
+        if not 0 <= partition < self._partitions:
+            raise ValueError(f"partition {partition} out of range 0..{self._partitions - 1}")
+
+    @staticmethod
+    def _require(client: Any) -> Any:
+        if client is None:
+            raise TransportError("kafka changelog is not started")
+        return client
+
+    async def __aenter__(self) -> KafkaChangelog:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,199 @@
+"""The vector changelog: every vector a node computes, on a compacted Kafka topic
+co-partitioned with the events topic (``<events topic>.vectors``).
+
+A record's key is ``<provider identity key> US <content hash> US <owner>`` (US = the
+ASCII unit separator, ``\\x1f``), its value the vector as little-endian float32 bytes —
+the vector cache's format. The owner is in the key so an erasure can tombstone exactly
+that owner's entries; the content hash is the vector cache's (sha256 of the text the
+vector channel embeds), so a loaded entry is a cache hit on replay.
+
+A node handed partition N first :meth:`VectorChangelog.restore`\\ s changelog partition N
+into its vector cache, then replays the events: with the same provider identity it
+encodes nothing. Before a batch is applied, :meth:`VectorChangelog.record` publishes the
+batch's vectors that are not on the changelog yet and, at each ``owner_erased`` record,
+tombstones every key of that owner (every identity) — in log order, before the read
+models apply the batch, so a crash in between repeats harmless work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from prme.producers.kafka_changelog import ChangelogEntry, KafkaChangelog
+from prme.schemas.records import OwnerErased
+
+from .derive import embedding_text
+from .embeddings.protocol import EmbeddingIdentity
+from .embeddings.vector_cache import VectorCache, content_hash
+from .model import ProjectedRecord
+
+SEPARATOR = "\x1f"
+_FLOAT32 = np.dtype("<f4")
+_log = logging.getLogger("prme.projector")
+
+
+class ChangelogKey(msgspec.Struct, frozen=True):
+    identity: str
+    content_hash: str
+    owner: str
+
+    def encode(self) -> bytes:
+        return SEPARATOR.join((self.identity, self.content_hash, self.owner)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ChangelogKey | None:
+        parts = raw.decode("utf-8", "replace").split(SEPARATOR, 2)
+        return cls(*parts) if len(parts) == 3 else None
+
+
+class RestoreStats(msgspec.Struct):
+    """What one restore read: records, vectors stored in the cache, tombstones seen."""
+
+    partition: int
+    records: int = 0
+    stored: int = 0
+    tombstones: int = 0
+    seconds: float = 0.0
+
+
+class VectorChangelog:
+    """Publishes and restores one provider identity's vectors through a changelog log.
+
+    Per partition it remembers which keys are on the changelog (read at restore, added
+    when published), so a vector is published once per (identity, text, owner) and an
+    erasure knows the owner's keys without reading the partition again.
+    """
+
+    def __init__(self, log: KafkaChangelog, cache: VectorCache, identity: EmbeddingIdentity):
+        self._log = log
+        self._cache = cache
+        self._identity = identity
+        self._width = identity.dimension * _FLOAT32.itemsize
+        self._known: dict[int, dict[bytes, str]] = {}
+        """partition -> key on the changelog -> its owner (filled by restore)."""
+
+    @property
+    def log(self) -> KafkaChangelog:
+        return self._log
+
+    async def start(self) -> None:
+        await self._log.start()
+
+    async def close(self) -> None:
+        await self._log.close()
+
+    def restored(self, partition: int) -> bool:
+        return partition in self._known
+
+    def forget(self, partition: int) -> None:
+        """Drop what this node knows of ``partition`` (it was revoked: another node may
+        write its changelog until it comes back, and a new restore reads it again)."""
+        self._known.pop(partition, None)
+
+    async def restore(self, partition: int) -> RestoreStats:
+        """Read changelog ``partition`` from its start: every key is noted, and entries of
+        this identity not loaded before (the cache remembers the offset it reached) are
+        stored in the vector cache; tombstoned entries leave it."""
+        started = time.perf_counter()
+        stats = RestoreStats(partition)
+        mark = f"{self._log.topic}/{partition}/{self._identity.key}"
+        end = await self._log.end_offset(partition)
+        loaded_until = self._cache.changelog_offset(mark)
+        if loaded_until > end:  # the topic was recreated: load it all again
+            loaded_until = 0
+        known: dict[bytes, str] = {}
+        offset = 0
+        while offset < end:
+            entries, offset = await self._log.read(partition, offset, end)
+            stats.records += len(entries)
+            puts, deletes = self._note(entries, known, loaded_until, stats)
+            if puts or deletes:
+                self._cache.load_changelog(self._identity.key, puts, deletes, mark, offset)
+                stats.stored += len(puts)
+        if end != loaded_until:
+            self._cache.load_changelog(self._identity.key, {}, (), mark, end)
+        self._known[partition] = known
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _note(
+        self,
+        entries: Sequence[ChangelogEntry],
+        known: dict[bytes, str],
+        loaded_until: int,
+        stats: RestoreStats,
+    ) -> tuple[dict[str, bytes], set[str]]:
+        puts: dict[str, bytes] = {}
+        deletes: set[str] = set()
+        owners: dict[str, str] = {}
+        for entry in entries:
+            key = ChangelogKey.decode(entry.key)
+            if key is None:
+                continue
+            if entry.value is None:
+                stats.tombstones += 1
+                known.pop(entry.key, None)
+            else:
+                known[entry.key] = owners.setdefault(key.owner, key.owner)
+            if entry.offset < loaded_until or key.identity != self._identity.key:
+                continue
+            if entry.value is None:
+                puts.pop(key.content_hash, None)
+                deletes.add(key.content_hash)
+            elif len(entry.value) == self._width:
+                puts[key.content_hash] = entry.value
+                deletes.discard(key.content_hash)
+            else:
+                _log.warning("vector changelog @%d: a vector of the wrong size", entry.offset)
+        if deletes:
+            # A text another owner of this partition still has keeps its cached vector.
+            live = {ChangelogKey.decode(k) for k in known}
+            deletes -= {k.content_hash for k in live if k is not None}
+        return puts, deletes
+
+    async def record(self, partition: int, projected: Sequence[ProjectedRecord]) -> int:
+        """Publish the batch's vectors that are not on the changelog and tombstone the
+        keys of owners erased in it, in log order; returns how many records it wrote."""
+        if partition not in self._known:  # an erasure needs every key of the partition
+            await self.restore(partition)
+        known = self._known[partition]
+        pending: dict[bytes, bytes] = {}
+        written = 0
+        for item in projected:
+            if isinstance(item.record, OwnerErased):
+                written += await self._publish(partition, pending, known)
+                pending = {}
+                written += await self._erase(partition, item.record.owner, known)
+            elif item.node is not None and item.vector is not None:
+                digest = content_hash(embedding_text(item.node))
+                key = ChangelogKey(self._identity.key, digest, item.node.owner).encode()
+                if key not in known:
+                    pending[key] = np.asarray(item.vector, dtype=_FLOAT32).tobytes()
+        written += await self._publish(partition, pending, known)
+        return written
+
+    async def _publish(
+        self, partition: int, pending: dict[bytes, bytes], known: dict[bytes, str]
+    ) -> int:
+        if not pending:
+            return 0
+        await self._log.publish(partition, list(pending.items()))
+        for key in pending:
+            decoded = ChangelogKey.decode(key)
+            if decoded is not None:
+                known[key] = decoded.owner
+        return len(pending)
+
+    async def _erase(self, partition: int, owner: str, known: dict[bytes, str]) -> int:
+        keys = [key for key, holder in known.items() if holder == owner]
+        if not keys:
+            return 0
+        await self._log.publish(partition, [(key, None) for key in keys])
+        for key in keys:
+            known.pop(key, None)
+        return len(keys)
