@@ -81,3 +81,28 @@ def test_node_type_shortcut_matches_the_case_insensitive_rules() -> None:
     for text in _texts():
         for role in ("user", "tool"):
             assert classify_node_type(text, role) == reference(text, role), text
+
+
+def test_hashed_provider_vectors_match_the_plain_recipe() -> None:
+    import hashlib
+    import math
+
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+
+    def reference(text: str, dimension: int) -> list[float]:
+        values = [0.0] * dimension
+        for word in re.findall(r"\w+", text.lower()):
+            digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+            slot = int.from_bytes(digest[:4], "little") % dimension
+            values[slot] += 1.0 if digest[4] & 1 else -1.0
+        norm = math.sqrt(sum(value * value for value in values))
+        if norm == 0.0:
+            values[0] = 1.0
+            return values
+        return [value / norm for value in values]
+
+    provider = HashedBagOfWordsProvider(dimension=384)
+    texts = [*_texts(), "a a", "x y x y", "", "İstanbul ſ"]
+    for _ in range(2):  # the second pass reads the provider's word cache
+        for text in texts:
+            assert provider.vector(text) == reference(text, 384), text

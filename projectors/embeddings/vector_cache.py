@@ -22,7 +22,7 @@ import numpy as np
 from prme.schemas.metrics import Metrics
 
 from .protocol import EmbeddingIdentity
-from .validation import check_identity_unchanged, check_texts, identity_of, validate_vectors
+from .validation import check_identity_unchanged, check_texts, identity_of, validate_matrix
 
 _FLOAT32 = np.dtype("<f4")
 _CHUNK = 500
@@ -73,8 +73,12 @@ class VectorCache:
         """The cached vector of each text under ``identity`` (a provider works too), or
         ``None`` where there is none."""
         ident = identity_of(identity)
-        batch = check_texts(texts)
-        hashes = [content_hash(text) for text in batch]
+        return self.get_hashed(ident, [content_hash(text) for text in check_texts(texts)])
+
+    def get_hashed(
+        self, identity: EmbeddingIdentity, hashes: Sequence[str]
+    ) -> list[list[float] | None]:
+        """``get_many`` for texts given by their ``content_hash``."""
         unique = list(dict.fromkeys(hashes))
         stored: dict[str, bytes] = {}
         with self._lock:
@@ -84,10 +88,10 @@ class VectorCache:
                 rows = self._db.execute(
                     f"SELECT content_hash, vector FROM vectors "
                     f"WHERE identity = ? AND content_hash IN ({marks})",
-                    (ident.key, *chunk),
+                    (identity.key, *chunk),
                 )
                 stored.update(rows)
-        width = ident.dimension * _FLOAT32.itemsize
+        width = identity.dimension * _FLOAT32.itemsize
         found = [
             np.frombuffer(blob, dtype=_FLOAT32).tolist()
             if (blob := stored.get(digest)) is not None and len(blob) == width
@@ -108,11 +112,16 @@ class VectorCache:
         """Store one vector per text (validated first: a bad batch stores nothing)."""
         ident = identity_of(identity)
         batch = check_texts(texts)
-        checked = validate_vectors(ident, len(batch), list(vectors))
-        rows = [
-            (ident.key, content_hash(text), np.asarray(vector, dtype=_FLOAT32).tobytes())
-            for text, vector in zip(batch, checked, strict=True)
-        ]
+        checked = validate_matrix(ident, len(batch), list(vectors)).astype(_FLOAT32)
+        self.put_checked(ident, [content_hash(text) for text in batch], checked)
+
+    def put_checked(
+        self, identity: EmbeddingIdentity, hashes: Sequence[str], vectors: np.ndarray
+    ) -> None:
+        """Store rows of ``vectors`` (already validated, float32) under their content
+        hashes."""
+        key = identity.key
+        rows = [(key, digest, row.tobytes()) for digest, row in zip(hashes, vectors, strict=True)]
         if not rows:
             return
         with self._lock:
@@ -162,20 +171,27 @@ async def embed_with_cache(
     stored before they are returned (the call counted and timed in ``metrics``)."""
     identity = identity_of(provider)
     batch = check_texts(texts)
-    cached = cache.get_many(identity, batch)
-    missing = list(
-        dict.fromkeys(text for text, hit in zip(batch, cached, strict=True) if hit is None)
+    hashes = [content_hash(text) for text in batch]
+    cached = cache.get_hashed(identity, hashes)
+    missing_at = list(
+        {
+            text: index
+            for index, (text, hit) in enumerate(zip(batch, cached, strict=True))
+            if hit is None
+        }.items()
     )
-    if not missing:
+    if not missing_at:
         return [vector for vector in cached if vector is not None]
+    missing = [text for text, _ in missing_at]
     started = time.perf_counter()
-    fresh = validate_vectors(identity, len(missing), await provider.embed(missing))
+    matrix = validate_matrix(identity, len(missing), await provider.embed(missing))
     if metrics is not None:
         metrics.embed_duration.labels("document").observe(time.perf_counter() - started)
         metrics.texts_encoded.labels("document").inc(len(missing))
     check_identity_unchanged(identity, provider)
-    cache.put_many(identity, missing, fresh)
-    computed = {text: as_float32(vector) for text, vector in zip(missing, fresh, strict=True)}
+    rounded = matrix.astype(_FLOAT32)
+    cache.put_checked(identity, [hashes[index] for _, index in missing_at], rounded)
+    computed = dict(zip(missing, rounded.tolist(), strict=True))
     return [
         hit if hit is not None else list(computed[text])
         for text, hit in zip(batch, cached, strict=True)
