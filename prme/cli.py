@@ -287,6 +287,8 @@ async def _rebuild(args: argparse.Namespace) -> int:
     from prme.logs import configure
     from prme.query.engine import MemoryEngine
 
+    from tqdm import tqdm
+
     configure(args.log_format, tag="prme rebuild")
     models = MODEL_NAMES if args.model == "all" else (args.model,)
     # A directory holding only an ingested log is a pack whose read models are all missing.
@@ -294,7 +296,10 @@ async def _rebuild(args: argparse.Namespace) -> int:
     async with await MemoryEngine.open(settings=settings, create_if_missing=True) as engine:
         cache = engine.runner.vector_cache
         hits, misses = cache.hits, cache.misses
-        replayed = await engine.rebuild(models)
+        total = sum((await engine.runner.transport.end_offsets()).values())
+        # tqdm shows the rate (rec/s) next to the count; the bar goes to stderr.
+        with tqdm(total=total, unit="rec", disable=args.quiet, file=sys.stderr) as bar:
+            replayed = await engine.rebuild(models, progress=bar.update)
         # A durable-cache miss is a text the embedding model encoded for this rebuild.
         vectors = {"from_cache": cache.hits - hits, "encoded": cache.misses - misses}
     report = {"models": list(models), "replayed": replayed, "vectors": vectors}
@@ -429,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rebuild", help="replay the log into fresh read models and swap them in (blue/green)"
     )
     rebuild.add_argument("--model", choices=["all", *MODEL_NAMES], default="all")
+    rebuild.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_log_options(rebuild)
     _add_log_format(rebuild)
     rebuild.set_defaults(run=lambda a: asyncio.run(_rebuild(a)))

@@ -155,9 +155,7 @@ def _lowered(pattern: re.Pattern[str]) -> re.Pattern[str]:
 _ISO_DATE_L, _MONTH_DAY_L, _DAY_MONTH_L, _MONTH_YEAR_L = (
     _lowered(p) for p in (_ISO_DATE, _MONTH_DAY, _DAY_MONTH, _MONTH_YEAR)
 )
-_CURRENCY_L, _PERCENT_L, _NUMBER_UNIT_L = (
-    _lowered(p) for p in (_CURRENCY, _PERCENT, _NUMBER_UNIT)
-)
+_CURRENCY_L, _PERCENT_L, _NUMBER_UNIT_L = (_lowered(p) for p in (_CURRENCY, _PERCENT, _NUMBER_UNIT))
 _DIGIT = re.compile(r"\d")
 _MONTH_STEMS = tuple(sorted({name[:3] for name in MONTHS}))
 _QUOTE_MARKS = ('"', "'", "“", "‘")
@@ -173,9 +171,7 @@ def _structured_matches(text: str, *, fast: bool = True) -> Iterator[tuple[int, 
     digits = not fast or _DIGIT.search(text) is not None
     ascii_lower = text.lower() if fast and text.isascii() else None
     subject = text if ascii_lower is None else ascii_lower
-    months = digits and (
-        ascii_lower is None or any(stem in ascii_lower for stem in _MONTH_STEMS)
-    )
+    months = digits and (ascii_lower is None or any(stem in ascii_lower for stem in _MONTH_STEMS))
     lower = ascii_lower is not None
     if digits:
         for match in (_ISO_DATE_L if lower else _ISO_DATE).finditer(subject):

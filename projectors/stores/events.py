@@ -87,7 +87,7 @@ class EventsModel(SqliteModel):
                 record.scope,
                 record.recorded_at.isoformat(),
                 json.dumps(node_ids),
-                encode_record(record),
+                item.data if item.data is not None else encode_record(record),
             ),
         )
 

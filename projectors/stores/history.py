@@ -60,7 +60,7 @@ class HistoryModel(SqliteModel):
     def _apply_one(self, cursor: sqlite3.Cursor, item: ProjectedRecord) -> None:
         record = item.record
         if isinstance(record, Message):
-            _insert(cursor, record.event_id, record, item.offset, "message", encode_record(record))
+            _insert(cursor, record.event_id, record, item.offset, "message", _bytes_of(item))
         elif isinstance(record, HistoryCleared | HistoryReplaced):
             _insert(cursor, record.event_id, record, item.offset, "clear", None)
         elif isinstance(record, MessageDeleted):
@@ -123,3 +123,7 @@ def _insert(
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
         (event_id, record.owner, record.session_id, record.scope, seq, kind, data),
     )
+
+
+def _bytes_of(item: ProjectedRecord) -> bytes:
+    return item.data if item.data is not None else encode_record(item.record)
