@@ -284,10 +284,10 @@ def _project_command(args: argparse.Namespace) -> int:
 
 
 async def _rebuild(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from prme.logs import configure
     from prme.query.engine import MemoryEngine
-
-    from tqdm import tqdm
 
     configure(args.log_format, tag="prme rebuild")
     models = MODEL_NAMES if args.model == "all" else (args.model,)
