@@ -34,6 +34,10 @@ CONCURRENT_SHARDS = 3
 more only holds more batches (and their vectors) in memory."""
 REPLAY_CHUNK = 4096
 """Records read (and applied as one batch) at a time by a rebuild."""
+REBUILD_CONCURRENCY = 6
+"""Partitions rebuilt at once: much of a partition's rebuild is opening, flushing and
+swapping engine files (waits that leave the CPU free), so more run side by side than
+``CONCURRENT_SHARDS``."""
 MAX_BATCH_FACTOR = 16
 """A consumer that is behind polls up to this many times ``batch_size`` records: every
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
@@ -372,7 +376,7 @@ class ProjectorRunner:
     ) -> dict[int, int]:
         """Replay the log into fresh model directories beside the live ones, then swap
         them in once caught up (blue/green). Queries keep using the old models meanwhile.
-        Partitions are rebuilt ``CONCURRENT_SHARDS`` at a time; ``progress`` is called with
+        Partitions are rebuilt ``REBUILD_CONCURRENCY`` at a time; ``progress`` is called with
         the count of each chunk replayed. Returns, per partition, how many records were
         replayed."""
         read_models(models)  # an unknown name fails here, before anything is replayed
@@ -382,7 +386,7 @@ class ProjectorRunner:
             for partition, shard in sorted(self.shards.items())
             if shard.models or ends.get(partition, 0) > 0
         ]
-        slots = asyncio.Semaphore(CONCURRENT_SHARDS)
+        slots = asyncio.Semaphore(REBUILD_CONCURRENCY)
 
         async def rebuild_one(partition: int, shard: Shard) -> int:
             async with slots:
