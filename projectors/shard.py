@@ -82,6 +82,8 @@ class Shard:
             return
 
         def _open() -> None:
+            if self.models:  # two callers raced to open: the first one did it
+                return
             for spec in self._specs:
                 self.models[spec.name] = self.open_model(spec)
 
