@@ -78,6 +78,7 @@ class ProjectorRunner:
         self._consumer: LogConsumer | None = None
         self._progress = asyncio.Condition()
         self._apply_lock = asyncio.Lock()
+        self._partition_locks: dict[int, asyncio.Lock] = {}
         self._encode_lock = asyncio.Lock()
         self._shard_slots = asyncio.Semaphore(CONCURRENT_SHARDS)
         self._task: asyncio.Task[None] | None = None
@@ -140,7 +141,8 @@ class ProjectorRunner:
         _log.info("revoked partitions %s", sorted(partitions))
         async with self._apply_lock:
             for partition in partitions:
-                await self._close_shard(partition)
+                async with self._partition_lock(partition):  # waits out a rebuild's swap
+                    await self._close_shard(partition)
 
     async def _close_shard(self, partition: int) -> None:
         self._consumed.pop(partition, None)
@@ -205,14 +207,20 @@ class ProjectorRunner:
             self._progress.notify_all()
 
     async def _apply_shard(self, partition: int, entries: list[Any]) -> list[DeadLetter]:
-        shard = self.shards.get(partition)
-        if shard is None:
-            return []
-        async with self._shard_slots:
+        async with self._partition_lock(partition), self._shard_slots:
+            shard = self.shards.get(partition)
+            if shard is None:
+                return []
             dead = await shard.apply(entries, self._encode)
         self.metrics.batch_size.observe(len(entries))
         self.metrics.records_applied.labels(str(partition)).inc(len(entries))
         return dead
+
+    def _partition_lock(self, partition: int) -> asyncio.Lock:
+        """Held while a batch is applied to the partition's shard and while a rebuild
+        catches up and swaps it, so rebuilds of different partitions swap side by side
+        (lock order: ``_apply_lock`` first, then a partition's)."""
+        return self._partition_locks.setdefault(partition, asyncio.Lock())
 
     async def _refresh_positions(self) -> None:
         """Note how far the consumer has read: on Kafka a partition can end in transaction
@@ -430,7 +438,7 @@ class ProjectorRunner:
         self.metrics.rebuild_replayed.labels(str(partition)).set(0)
         try:
             replayed = await self._replay(staged, partition, target, 0, progress)
-            async with self._apply_lock:
+            async with self._partition_lock(partition):
                 replayed += await self._replay(staged, partition, target, replayed, progress)
                 await staged.close()
                 await self._swap(shard, staging, models)
