@@ -65,12 +65,17 @@ async def _ingest(args: argparse.Namespace) -> int:
 
     from prme.producers.factory import open_transport
     from prme.producers.ingest import ingest_lines
+    from prme.producers.ingest_build import BUILD_CHUNK, builder_process
     from prme.producers.producer import Producer
 
     settings = _settings(args)
+    total = None if args.file == "-" else sum(1 for _ in _read_lines(args.file))
+    # Large inputs are built in a worker process while this one sends (forked before the
+    # transport starts any thread); a small file is not worth the process.
+    large = total is None or total > 2 * BUILD_CHUNK
+    builder = builder_process() if large else None
     transport = open_transport(settings)
     await transport.start()
-    total = None if args.file == "-" else sum(1 for _ in _read_lines(args.file))
     try:
         with tqdm(total=total, unit="rec", disable=args.quiet, file=sys.stderr) as bar:
             summary = await ingest_lines(
@@ -79,9 +84,12 @@ async def _ingest(args: argparse.Namespace) -> int:
                 on_error=args.on_error,
                 batch_size=args.batch_size,
                 progress=bar.update,
+                builder=builder,
             )
     finally:
         await transport.close()
+        if builder is not None:
+            builder.shutdown(cancel_futures=True)
     for error in summary.errors:
         print(f"{args.file}:{error.line}: {error.error}", file=sys.stderr)
     print(
