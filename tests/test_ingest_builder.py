@@ -72,3 +72,11 @@ async def test_built_lines_give_the_same_log_and_summary(tmp_path: Path, on_erro
     assert [e.line for e in built.errors] == ([1234, 4100] if on_error == "skip" else [1234])
     if on_error == "stop":  # two full batches went out; the one holding line 1234 did not
         assert built.written == 1000
+
+
+def test_the_partitioner_memo_gives_kafkas_partition_for_every_key() -> None:
+    from prme.producers.partitioner import Partitioner, partition_for_key
+
+    partitioner = Partitioner(12, max_keys=50)  # small: the memo is cleared many times
+    keys = [f"user-{i % 170}".encode() for i in range(2000)] + ["é漢字".encode(), b""]
+    assert [partitioner(key) for key in keys] == [partition_for_key(key, 12) for key in keys]
