@@ -36,7 +36,7 @@ from qdrant_edge import Distance, EdgeConfig, EdgeShard, EdgeVectorParams, Point
 
 from benchmarks.common import add_common_options, emit, machine, median, ratio, scratch_directory
 from benchmarks.projection import TimedProvider, drafts, fill_log
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.registry import MODEL_NAMES
 from prme.projectors.stores.lexical import LexicalModel, _schema
 from prme.projectors.stores.vector_base import point_id

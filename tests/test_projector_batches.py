@@ -13,7 +13,7 @@ from prme import MemoryEngine
 from prme.producers.factory import open_transport
 from prme.producers.producer import MessageDraft, Producer
 from prme.producers.transport import LogItem
-from prme.projectors.embeddings.constant import HashedBagOfWordsProvider
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.runner import MAX_BATCH_FACTOR, ProjectorRunner, next_batch_size
 from prme.schemas.codec import decode_record, encode_record
