@@ -80,3 +80,28 @@ def test_the_partitioner_memo_gives_kafkas_partition_for_every_key() -> None:
     partitioner = Partitioner(12, max_keys=50)  # small: the memo is cleared many times
     keys = [f"user-{i % 170}".encode() for i in range(2000)] + ["é漢字".encode(), b""]
     assert [partitioner(key) for key in keys] == [partition_for_key(key, 12) for key in keys]
+
+
+def test_prme_ingest_builds_a_large_file_in_a_worker_and_writes_every_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    count = 2 * BUILD_CHUNK + 500  # over the CLI's threshold for the worker
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(_lines(count, {4321: "not json"})))
+    data = tmp_path / "pack"
+    result = subprocess.run(
+        [sys.executable, "-m", "prme.cli", "ingest", str(source), "--on-error", "skip"]
+        + ["--quiet", "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    blank = count // 997
+    assert summary["lines"] == count - blank
+    assert summary["written"] == count - blank - 1 and summary["skipped"] == 1
+    assert f"{source}:4321:" in result.stderr
