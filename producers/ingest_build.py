@@ -63,6 +63,10 @@ def decode_built(data: bytes) -> list[BuiltLine]:
 
 
 def builder_process() -> Executor:
-    """One worker process for ``ingest_lines(builder=...)``. Forked (it starts at once and
-    needs no imports); create it before the transport starts threads."""
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+    """One worker process for ``ingest_lines(builder=...)``, forked now (it needs no imports
+    and starts at once): create it before the transport starts threads, so the fork copies
+    no thread that could hold a lock. (A process pool forks lazily, at its first task; the
+    no-op task here makes that happen at creation.)"""
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+    pool.submit(int).result()
+    return pool
