@@ -80,7 +80,7 @@ async def ingest_lines(
     *,
     on_error: Literal["skip", "stop"] = "stop",
     batch_size: int = 500,
-    max_in_flight: int = 4,
+    max_in_flight: int = 16,
     progress: Callable[[int], None] | None = None,
     builder: Executor | None = None,
 ) -> IngestSummary:
