@@ -37,6 +37,7 @@ from benchmarks.common import (
     scratch_directory,
 )
 from prme.producers.ingest import draft_from_line, ingest_lines
+from prme.producers.ingest_build import builder_process
 from prme.producers.kafka_log import KafkaLogTransport
 from prme.producers.local_log import LocalLogTransport
 from prme.producers.partitioner import partition_for_key
@@ -77,14 +78,24 @@ def encoded_items(path: Path, partitions: int) -> list[tuple[bytes, bytes, int]]
     return items
 
 
-async def prme_ingest(path: Path, transport: LogTransport, batch_size: int) -> float:
-    """Records/s of ``ingest_lines`` from ``path`` through ``transport`` (started here)."""
+async def prme_ingest(
+    path: Path, transport: LogTransport, batch_size: int, *, built: bool = True
+) -> float:
+    """Records/s of ``ingest_lines`` from ``path`` through ``transport`` (started here);
+    with ``built``, lines are built in a worker process as ``prme ingest`` does for a large
+    file (forked before the transport starts; the process starts on the first chunk,
+    inside the timing)."""
+    builder = builder_process() if built else None
     await transport.start()
     try:
         with open(path, "rb") as handle:
-            summary = await ingest_lines(handle, Producer(transport), batch_size=batch_size)
+            summary = await ingest_lines(
+                handle, Producer(transport), batch_size=batch_size, builder=builder
+            )
     finally:
         await transport.close()
+        if builder is not None:
+            builder.shutdown()
     if summary.errors or summary.written != summary.lines:
         raise RuntimeError(f"ingest wrote {summary.written} of {summary.lines} lines")
     return summary.records_per_s
@@ -141,6 +152,7 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     with broker as bootstrap:
         if bootstrap is not None:
             rates["prme_kafka"] = []
+            rates["prme_kafka_inline"] = []
             rates["bare_aiokafka"] = []
         for run in range(arguments.runs):
             rates["build_only"].append(build_only(source, partitions))
@@ -151,6 +163,10 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             topic = f"prme-bench-ingest-{uuid.uuid4().hex[:10]}"
             kafka = KafkaLogTransport(bootstrap, topic, partitions)
             rates["prme_kafka"].append(await prme_ingest(source, kafka, arguments.batch_size))
+            inline = KafkaLogTransport(bootstrap, f"{topic}-inline", partitions)
+            rates["prme_kafka_inline"].append(
+                await prme_ingest(source, inline, arguments.batch_size, built=False)
+            )
             bare_topic = f"prme-bench-bare-{uuid.uuid4().hex[:10]}"
             rates["bare_aiokafka"].append(
                 await bare_aiokafka(bootstrap, bare_topic, partitions, items)
@@ -162,7 +178,9 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         "machine": machine(),
         "code_path": (
             "in-process producers.ingest.ingest_lines + Producer, as `prme ingest` runs it "
-            "(no progress bar); append_many(atomic=False) per batch: the idempotent producer, no transaction"
+            "(no progress bar); append_many(atomic=False) per batch: the idempotent producer, "
+            "no transaction; prme_kafka builds lines in a forked worker process (as prme "
+            "ingest does for a large file), prme_kafka_inline builds them in-process"
         ),
         "baseline": (
             "bare AIOKafkaProducer, acks=all, enable_idempotence=True, no transactions, same "
@@ -178,6 +196,9 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         "runs_records_per_s": {k: [round(v, 1) for v in vs] for k, vs in rates.items()},
         "ratios": {
             "prme_kafka_to_bare_aiokafka": ratio(medians.get("prme_kafka", 0.0), bare),
+            "prme_kafka_inline_to_bare_aiokafka": ratio(
+                medians.get("prme_kafka_inline", 0.0), bare
+            ),
             "local_to_bare_aiokafka": ratio(medians["local"], bare),
             "local_to_build_only": ratio(medians["local"], medians["build_only"]),
         },

@@ -65,12 +65,17 @@ async def _ingest(args: argparse.Namespace) -> int:
 
     from prme.producers.factory import open_transport
     from prme.producers.ingest import ingest_lines
+    from prme.producers.ingest_build import BUILD_CHUNK, builder_process
     from prme.producers.producer import Producer
 
     settings = _settings(args)
+    total = None if args.file == "-" else sum(1 for _ in _read_lines(args.file))
+    # Large inputs are built in a worker process while this one sends (forked before the
+    # transport starts any thread); a small file is not worth the process.
+    large = total is None or total > 2 * BUILD_CHUNK
+    builder = builder_process() if large else None
     transport = open_transport(settings)
     await transport.start()
-    total = None if args.file == "-" else sum(1 for _ in _read_lines(args.file))
     try:
         with tqdm(total=total, unit="rec", disable=args.quiet, file=sys.stderr) as bar:
             summary = await ingest_lines(
@@ -79,9 +84,12 @@ async def _ingest(args: argparse.Namespace) -> int:
                 on_error=args.on_error,
                 batch_size=args.batch_size,
                 progress=bar.update,
+                builder=builder,
             )
     finally:
         await transport.close()
+        if builder is not None:
+            builder.shutdown(cancel_futures=True)
     for error in summary.errors:
         print(f"{args.file}:{error.line}: {error.error}", file=sys.stderr)
     print(
@@ -284,6 +292,8 @@ def _project_command(args: argparse.Namespace) -> int:
 
 
 async def _rebuild(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from prme.logs import configure
     from prme.query.engine import MemoryEngine
 
@@ -294,7 +304,10 @@ async def _rebuild(args: argparse.Namespace) -> int:
     async with await MemoryEngine.open(settings=settings, create_if_missing=True) as engine:
         cache = engine.runner.vector_cache
         hits, misses = cache.hits, cache.misses
-        replayed = await engine.rebuild(models)
+        total = sum((await engine.runner.transport.end_offsets()).values())
+        # tqdm shows the rate (rec/s) next to the count; the bar goes to stderr.
+        with tqdm(total=total, unit="rec", disable=args.quiet, file=sys.stderr) as bar:
+            replayed = await engine.rebuild(models, progress=bar.update)
         # A durable-cache miss is a text the embedding model encoded for this rebuild.
         vectors = {"from_cache": cache.hits - hits, "encoded": cache.misses - misses}
     report = {"models": list(models), "replayed": replayed, "vectors": vectors}
@@ -429,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rebuild", help="replay the log into fresh read models and swap them in (blue/green)"
     )
     rebuild.add_argument("--model", choices=["all", *MODEL_NAMES], default="all")
+    rebuild.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_log_options(rebuild)
     _add_log_format(rebuild)
     rebuild.set_defaults(run=lambda a: asyncio.run(_rebuild(a)))

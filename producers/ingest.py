@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, Literal
 
@@ -14,6 +16,7 @@ import msgspec
 from prme.schemas.errors import InvalidInput
 
 from .producer import MessageDraft, Producer
+from .transport import LogItem
 
 
 class IngestLine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -77,14 +80,21 @@ async def ingest_lines(
     *,
     on_error: Literal["skip", "stop"] = "stop",
     batch_size: int = 500,
-    max_in_flight: int = 4,
+    max_in_flight: int = 16,
     progress: Callable[[int], None] | None = None,
+    builder: Executor | None = None,
 ) -> IngestSummary:
     """Validate each line, append in batches with at most ``max_in_flight`` batches pending.
 
     With ``on_error="stop"`` the first bad line stops the ingest: earlier batches stay
-    written, the batch holding the bad line is not appended.
+    written, the batch holding the bad line is not appended. With ``builder`` (see
+    ``ingest_build.builder_process``) lines are built there, a few chunks ahead, while
+    this process sends: the same records and batches, built on another core.
     """
+    if builder is not None:
+        return await _ingest_built(
+            lines, producer, builder, on_error, batch_size, max_in_flight, progress
+        )
     started = time.perf_counter()
     hits_before = getattr(producer.transport, "dedupe_hits", 0)
     errors: list[LineError] = []
@@ -148,3 +158,99 @@ async def ingest_lines(
 
 def _report(progress: Callable[[int], None], count: int, _task: asyncio.Task[Any]) -> None:
     progress(count)
+
+
+async def _ingest_built(
+    lines: Iterable[bytes],
+    producer: Producer,
+    builder: Executor,
+    on_error: Literal["skip", "stop"],
+    batch_size: int,
+    max_in_flight: int,
+    progress: Callable[[int], None] | None,
+) -> IngestSummary:
+    """``ingest_lines`` with the building done by ``builder``: the same batching, limits,
+    error handling and summary."""
+    from .ingest_build import BUILD_CHUNK, BuiltLine, build_lines, decode_built
+
+    started = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    errors: list[LineError] = []
+    in_flight: set[asyncio.Task[Any]] = set()
+    pending: collections.deque[asyncio.Future[bytes]] = collections.deque()
+    written = count = 0
+    batch: list[LogItem] = []
+    event_ids: list[str] = []
+
+    async def flush() -> None:
+        nonlocal written, batch, event_ids
+        if not batch:
+            return
+        items, ids, batch, event_ids = batch, event_ids, [], []
+        while len(in_flight) >= max_in_flight:
+            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                in_flight.discard(task)
+                task.result()
+        task = asyncio.ensure_future(producer.append_items(items, ids, atomic=False))
+        in_flight.add(task)
+        written += len(items)
+        if progress is not None:
+            task.add_done_callback(functools.partial(_report, progress, len(items)))
+
+    async def take(built: list[BuiltLine]) -> bool:
+        """Batch the built lines; ``False`` once a bad line stops the ingest."""
+        nonlocal count
+        for line in built:
+            count += 1
+            if line.error is not None:
+                errors.append(LineError(line.number, line.error))
+                if on_error == "stop":
+                    return False
+                continue
+            assert line.item is not None and line.event_id is not None
+            batch.append(line.item)
+            event_ids.append(line.event_id)
+            if len(batch) >= batch_size:
+                await flush()
+        return True
+
+    def submit(first: int, chunk: list[bytes]) -> None:
+        pending.append(loop.run_in_executor(builder, build_lines, first, chunk, producer.limits))
+
+    going = True
+    number, chunk = 1, []
+    try:
+        for raw in lines:
+            chunk.append(raw)
+            if len(chunk) < BUILD_CHUNK:
+                continue
+            submit(number, chunk)
+            number, chunk = number + len(chunk), []
+            while going and len(pending) > 2:  # two chunks building while one is sent
+                going = await take(decode_built(await pending.popleft()))
+            if not going:
+                break
+        if going and chunk:
+            submit(number, chunk)
+        while going and pending:
+            going = await take(decode_built(await pending.popleft()))
+    finally:
+        for future in pending:
+            future.cancel()
+    if not going:
+        batch, event_ids = [], []
+    await flush()
+    if in_flight:
+        for task in await asyncio.gather(*in_flight, return_exceptions=True):
+            if isinstance(task, BaseException):
+                raise task
+    seconds = time.perf_counter() - started
+    return IngestSummary(
+        lines=count,
+        written=written,
+        skipped=len(errors),
+        seconds=seconds,
+        records_per_s=written / seconds if seconds > 0 else 0.0,
+        errors=errors,
+    )

@@ -24,7 +24,7 @@ from .kafka_common import bounded, entry_of, stop_quietly
 from .kafka_consumer import KafkaLogConsumer
 from .kafka_group import GroupMember, describe_group
 from .kafka_topics import RETENTION_FOREVER, Replication, cluster_replication, create_topic
-from .partitioner import partition_for_key
+from .partitioner import Partitioner
 from .transport import LogEntry, LogItem, Position
 
 T = TypeVar("T")
@@ -81,6 +81,7 @@ class KafkaLogTransport:
         self._bootstrap = bootstrap
         self._topic = topic
         self._partitions = partitions
+        self._partitioner = Partitioner(partitions)
         self._timeout_s = request_timeout_s
         self._client_id = client_id
         self._stable_txn_id = transactional_id
@@ -203,7 +204,7 @@ class KafkaLogTransport:
             await stop_quietly(stop, self._timeout_s)
 
     def partition_for(self, key: bytes) -> int:
-        return partition_for_key(key, self._partitions)
+        return self._partitioner(key)
 
     async def append(self, item: LogItem) -> Position:
         """Append one record; a repeated ``dedupe_key`` returns the first position."""

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from prme.schemas.errors import ConfigurationError, TransportError
 
-from .partitioner import partition_for_key
+from .partitioner import Partitioner
 from .transport import LogEntry, LogItem, PartitionsCallback, Position
 
 T = TypeVar("T")
@@ -52,6 +52,7 @@ class LocalLogTransport:
             raise ConfigurationError("partitions must be positive")
         self._path = Path(path)
         self._partitions = partitions
+        self._partitioner = Partitioner(partitions)
         self._executor: ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None
         self._appended: asyncio.Condition | None = None
@@ -119,7 +120,7 @@ class LocalLogTransport:
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
     def partition_for(self, key: bytes) -> int:
-        return partition_for_key(key, self._partitions)
+        return self._partitioner(key)
 
     async def append(self, item: LogItem) -> Position:
         return (await self.append_many([item]))[0]

@@ -11,3 +11,25 @@ def partition_for_key(key: bytes, partitions: int) -> int:
     if partitions <= 0:
         raise ValueError("partitions must be positive")
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+class Partitioner:
+    """``partition_for_key`` for one partition count, remembering recent keys: an owner's
+    key comes back on every write, and murmur2 in Python costs ~5 us, a fifth of sending
+    the record."""
+
+    def __init__(self, partitions: int, *, max_keys: int = 65_536) -> None:
+        if partitions <= 0:
+            raise ValueError("partitions must be positive")
+        self._partitions = partitions
+        self._max_keys = max_keys
+        self._memo: dict[bytes, int] = {}
+
+    def __call__(self, key: bytes) -> int:
+        partition = self._memo.get(key)
+        if partition is None:
+            partition = partition_for_key(key, self._partitions)
+            if len(self._memo) >= self._max_keys:
+                self._memo.clear()
+            self._memo[key] = partition
+        return partition

@@ -118,6 +118,10 @@ class Producer:
     def transport(self) -> LogTransport:
         return self._transport
 
+    @property
+    def limits(self) -> LimitsSettings:
+        return self._limits
+
     def build_message(self, draft: MessageDraft) -> Message:
         """The validated ``message`` record for ``draft`` (raises InvalidInput)."""
         for name in ("metadata", "fields"):
@@ -165,15 +169,24 @@ class Producer:
         self, records: Sequence[Record], *, atomic: bool = True
     ) -> list[AppendReceipt]:
         """Append already-validated records, atomically (all or none) unless told not to."""
-        if len(records) > self._limits.max_batch_records:
+        items = [log_item(record) for record in records]
+        positions = await self.append_items(
+            items, [record.event_id for record in records], atomic=atomic
+        )
+        return [AppendReceipt(r.event_id, p) for r, p in zip(records, positions, strict=True)]
+
+    async def append_items(
+        self, items: Sequence[LogItem], event_ids: Sequence[str], *, atomic: bool = True
+    ) -> list[Position]:
+        """Append records already turned into log items (``log_item``; ``event_ids`` are
+        theirs), with the same batch limit, metrics and trace span as ``append_records``."""
+        if len(items) > self._limits.max_batch_records:
             raise InvalidInput(
-                f"batch of {len(records)} records exceeds max_batch_records="
+                f"batch of {len(items)} records exceeds max_batch_records="
                 f"{self._limits.max_batch_records}"
             )
-        items = [_log_item(record) for record in records]
         started = time.perf_counter()
-        event_ids = [record.event_id for record in records]
-        attributes = {"prme.transport": self._label, "prme.event_ids": event_ids}
+        attributes = {"prme.transport": self._label, "prme.event_ids": list(event_ids)}
         with self._metrics.tracing.span("prme.append", attributes) as span:
             try:
                 positions = await self._transport.append_many(items, atomic=atomic)
@@ -184,7 +197,7 @@ class Producer:
                 span.set_attribute("prme.partitions", sorted({p.partition for p in positions}))
         self._metrics.append_duration.labels(self._label).observe(time.perf_counter() - started)
         self._metrics.log_appends.labels(self._label).inc(len(items))
-        return [AppendReceipt(r.event_id, p) for r, p in zip(records, positions, strict=True)]
+        return positions
 
     def _check_content_size(self, message: Message) -> None:
         content = message.content
@@ -211,7 +224,9 @@ class Producer:
             )
 
 
-def _log_item(record: Record) -> LogItem:
+def log_item(record: Record) -> LogItem:
+    """What the log stores for ``record``: its owner as the key, its encoding, and the
+    dedupe key of its ``request_id``."""
     dedupe_key = f"{record.owner}\x1f{record.request_id}" if record.request_id else None
     return LogItem(record.owner.encode(), encode_record(record), dedupe_key)
 

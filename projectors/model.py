@@ -47,6 +47,8 @@ class ProjectedRecord(msgspec.Struct, frozen=True, kw_only=True):
     record: AnyRecord
     node: MemoryNode | None = None
     vector: list[float] | None = None
+    data: bytes | None = None
+    """The record's bytes as the log gave them (stored as they are: no re-encoding)."""
 
 
 class ReadModel(Protocol):

@@ -44,18 +44,29 @@ _FACT = re.compile(
 _TOOL_ROLES = frozenset({"tool", "function"})
 
 
+_LOWERED = tuple(re.compile(p.pattern) for p in (_DECISION, _TASK, _PREFERENCE, _FACT))
+"""The cue patterns without IGNORECASE, for ASCII text already lower-cased: on ASCII text
+they match exactly where the IGNORECASE ones do, about twice as fast."""
+
+
 def classify_node_type(text: str, role: str) -> NodeType:
     """The node type of a message's ``text`` said by ``role`` (rules in the module doc)."""
     normal = text.replace("’", "'")
-    if _DECISION.search(normal):
+    if normal.isascii():
+        subject = normal.lower()
+        decision, task, preference, fact = _LOWERED
+    else:
+        subject = normal
+        decision, task, preference, fact = _DECISION, _TASK, _PREFERENCE, _FACT
+    if decision.search(subject):
         return "decision"
-    if _TASK.search(normal):
+    if task.search(subject):
         return "task"
-    if _PREFERENCE.search(normal):
+    if preference.search(subject):
         return "preference"
     stripped = normal.strip()
     if stripped.endswith("?"):
         return "note"
-    if _FACT.search(normal) or (role in _TOOL_ROLES and stripped):
+    if fact.search(subject) or (role in _TOOL_ROLES and stripped):
         return "fact"
     return "note"

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from prme.schemas.errors import ConsistencyTimeout, ShardUnavailable, TransportE
 from prme.schemas.metrics import Metrics, transport_label
 
 from .backends import VectorBackend
-from .dead_letters import send_dead_letter
+from .dead_letters import DeadLetter, send_dead_letter
 from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
 from .embeddings.validation import identity_of
 from .embeddings.vector_cache import VectorCache, embed_with_cache
@@ -31,6 +31,18 @@ from .vector_changelog import RestoreStats, VectorChangelog
 GROUP = "prme-projectors"
 PROGRESS_EVERY_S = 2.0
 """How often catching up and rebuilding log their progress."""
+CONCURRENT_SHARDS = 3
+"""Shards applying at once: enough to keep both an engine writing and Python deriving;
+more only holds more batches (and their vectors) in memory."""
+REPLAY_CHUNK = 4096
+"""Records read (and applied as one batch) at a time by a rebuild."""
+REBUILD_CONCURRENCY = 6
+"""Partitions rebuilt at once: much of a partition's rebuild is opening, flushing and
+swapping engine files (waits that leave the CPU free), so more run side by side than
+``CONCURRENT_SHARDS``."""
+MAX_BATCH_FACTOR = 16
+"""A consumer that is behind polls up to this many times ``batch_size`` records: every
+read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
 _log = logging.getLogger("prme.projector")
 
 
@@ -76,6 +88,9 @@ class ProjectorRunner:
         self._consumer: LogConsumer | None = None
         self._progress = asyncio.Condition()
         self._apply_lock = asyncio.Lock()
+        self._partition_locks: dict[int, asyncio.Lock] = {}
+        self._encode_lock = asyncio.Lock()
+        self._shard_slots = asyncio.Semaphore(CONCURRENT_SHARDS)
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._stopping = False
@@ -141,7 +156,8 @@ class ProjectorRunner:
         _log.info("revoked partitions %s", sorted(partitions))
         async with self._apply_lock:
             for partition in partitions:
-                await self._close_shard(partition)
+                async with self._partition_lock(partition):  # waits out a rebuild's swap
+                    await self._close_shard(partition)
 
     async def _close_shard(self, partition: int) -> None:
         self._consumed.pop(partition, None)
@@ -156,11 +172,13 @@ class ProjectorRunner:
     async def _run(self) -> None:
         assert self._consumer is not None
         try:
+            size = self._batch_size
             while not self._stopping:
-                batches = await self._consumer.poll(self._batch_size, 0.5)
+                batches = await self._consumer.poll(size, 0.5)
                 if batches:
                     await self._apply(batches)
                 await self._refresh_positions()
+                size = next_batch_size(size, batches, self._batch_size)
         except asyncio.CancelledError:
             raise
         except BaseException as error:
@@ -174,19 +192,20 @@ class ProjectorRunner:
             raise
 
     async def _apply(self, batches: dict[int, list[Any]]) -> None:
+        """Apply each partition's entries; shards work at the same time (each on its own
+        thread), so one shard's engines write while the next one derives and embeds."""
         async with self._apply_lock:
-            for partition, entries in batches.items():
-                shard = self.shards.get(partition)
-                if shard is None:
-                    continue
-                if self.changelog is not None and not self.changelog.restored(partition):
-                    # A partition new to this node: its vectors first, then no encoding.
-                    self.restores.append(await self.changelog.restore(partition))
-                    _log.info("restored vectors %s", self.restores[-1])
-                dead = await shard.apply(entries, self._encode)
-                self.metrics.batch_size.observe(len(entries))
-                self.metrics.records_applied.labels(str(partition)).inc(len(entries))
+            outcomes = await asyncio.gather(
+                *(self._apply_shard(partition, entries) for partition, entries in batches.items()),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            for dead in outcomes:
+                assert not isinstance(dead, BaseException)
                 for letter in dead:
+                    partition = letter.partition
                     self.dead_letter_count += 1
                     self.dead_letters_by_partition[partition] = (
                         self.dead_letters_by_partition.get(partition, 0) + 1
@@ -203,6 +222,26 @@ class ProjectorRunner:
                         await send_dead_letter(self._dead_letters, letter)
         async with self._progress:
             self._progress.notify_all()
+
+    async def _apply_shard(self, partition: int, entries: list[Any]) -> list[DeadLetter]:
+        async with self._partition_lock(partition), self._shard_slots:
+            shard = self.shards.get(partition)
+            if shard is None:
+                return []
+            if self.changelog is not None and not self.changelog.restored(partition):
+                # A partition new to this node: its vectors first, then no encoding.
+                self.restores.append(await self.changelog.restore(partition))
+                _log.info("restored vectors %s", self.restores[-1])
+            dead = await shard.apply(entries, self._encode)
+        self.metrics.batch_size.observe(len(entries))
+        self.metrics.records_applied.labels(str(partition)).inc(len(entries))
+        return dead
+
+    def _partition_lock(self, partition: int) -> asyncio.Lock:
+        """Held while a batch is applied to the partition's shard and while a rebuild
+        catches up and swaps it, so rebuilds of different partitions swap side by side
+        (lock order: ``_apply_lock`` first, then a partition's)."""
+        return self._partition_locks.setdefault(partition, asyncio.Lock())
 
     async def _refresh_positions(self) -> None:
         """Note how far the consumer has read: on Kafka a partition can end in transaction
@@ -223,7 +262,9 @@ class ProjectorRunner:
                 self._progress.notify_all()
 
     async def _encode(self, texts: list[str]) -> list[list[float]]:
-        return await embed_with_cache(self.provider, self._vector_cache, texts, self.metrics)
+        # One embed call at a time: the provider is shared by the shards applying at once.
+        async with self._encode_lock:
+            return await embed_with_cache(self.provider, self._vector_cache, texts, self.metrics)
 
     @property
     def group(self) -> str:
@@ -357,59 +398,110 @@ class ProjectorRunner:
 
     # -- rebuild -----------------------------------------------------------------------
 
-    async def rebuild(self, models: Sequence[ModelName] = MODEL_NAMES) -> dict[int, int]:
+    async def rebuild(
+        self,
+        models: Sequence[ModelName] = MODEL_NAMES,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[int, int]:
         """Replay the log into fresh model directories beside the live ones, then swap
         them in once caught up (blue/green). Queries keep using the old models meanwhile.
-        Returns, per partition, how many records were replayed."""
+        Partitions are rebuilt ``REBUILD_CONCURRENCY`` at a time; ``progress`` is called with
+        the count of each chunk replayed. Returns, per partition, how many records were
+        replayed."""
         read_models(models)  # an unknown name fails here, before anything is replayed
-        replayed: dict[int, int] = {}
         ends = await self.transport.end_offsets()
-        for partition, shard in list(self.shards.items()):
-            if not shard.models and ends.get(partition, 0) == 0:
-                continue
-            await shard.ensure_open()
-            staging = shard.directory.with_name(shard.directory.name + ".rebuild")
-            staged = Shard(
-                staging,
-                partition,
-                self.settings,
-                self.identity,
-                models=models,
-                vectors=self.vectors,
-                metrics=self.metrics,
-            )
-            await staged.open()
-            self.metrics.rebuild_target.labels(str(partition)).set(ends.get(partition, 0))
-            self.metrics.rebuild_replayed.labels(str(partition)).set(0)
-            try:
-                replayed[partition] = await self._replay(staged, partition, ends.get(partition, 0))
-                async with self._apply_lock:
-                    replayed[partition] += await self._replay(
-                        staged, partition, ends.get(partition, 0), replayed[partition]
-                    )
-                    await staged.close()
-                    await self._swap(shard, staging, models)
-            finally:
-                if staged.models:
-                    await staged.close()
+        todo = [
+            (partition, shard)
+            for partition, shard in sorted(self.shards.items())
+            if shard.models or ends.get(partition, 0) > 0
+        ]
+        slots = asyncio.Semaphore(REBUILD_CONCURRENCY)
+
+        async def rebuild_one(partition: int, shard: Shard) -> int:
+            async with slots:
+                return await self._rebuild_shard(
+                    partition, shard, models, progress, ends.get(partition, 0)
+                )
+
+        outcomes = await asyncio.gather(
+            *(rebuild_one(p, s) for p, s in todo), return_exceptions=True
+        )
+        replayed: dict[int, int] = {}
+        for (partition, _), outcome in zip(todo, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            replayed[partition] = outcome
         async with self._progress:
             self._progress.notify_all()
         return replayed
 
-    async def _replay(self, staged: Shard, partition: int, target: int, done: int = 0) -> int:
+    async def _rebuild_shard(
+        self,
+        partition: int,
+        shard: Shard,
+        models: Sequence[ModelName],
+        progress: Callable[[int], None] | None,
+        target: int,
+    ) -> int:
+        await shard.ensure_open()
+        staging = shard.directory.with_name(shard.directory.name + ".rebuild")
+        staged = Shard(
+            staging,
+            partition,
+            self.settings,
+            self.identity,
+            models=models,
+            vectors=self.vectors,
+            metrics=self.metrics,
+        )
+        await staged.open()
+        self.metrics.rebuild_target.labels(str(partition)).set(target)
+        self.metrics.rebuild_replayed.labels(str(partition)).set(0)
+        try:
+            replayed = await self._replay(staged, partition, target, 0, progress)
+            async with self._partition_lock(partition):
+                replayed += await self._replay(staged, partition, target, replayed, progress)
+                await staged.close()
+                await self._swap(shard, staging, models)
+        finally:
+            if staged.models:
+                await staged.close()
+        return replayed
+
+    async def _replay(
+        self,
+        staged: Shard,
+        partition: int,
+        target: int,
+        done: int = 0,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Apply the log to ``staged`` from its stored offset to the end, in chunks of
+        ``REPLAY_CHUNK`` records; the next chunk is read while one is applied."""
         count = 0
         offset = staged.applied_offset() + 1
         reported = time.monotonic()
-        while entries := await self.transport.read(partition, offset, self._batch_size):
-            await staged.apply(entries, self._encode)
-            count += len(entries)
-            offset = entries[-1].offset + 1
-            self.metrics.rebuild_replayed.labels(str(partition)).set(done + count)
-            if time.monotonic() - reported >= PROGRESS_EVERY_S:
-                reported = time.monotonic()
-                _log.info(
-                    "rebuild p%d: %d of ~%d records replayed", partition, done + count, target
-                )
+        read = self.transport.read
+        pending = asyncio.ensure_future(read(partition, offset, REPLAY_CHUNK))
+        try:
+            while entries := await pending:
+                offset = entries[-1].offset + 1
+                pending = asyncio.ensure_future(read(partition, offset, REPLAY_CHUNK))
+                await staged.apply(entries, self._encode)
+                count += len(entries)
+                self.metrics.rebuild_replayed.labels(str(partition)).set(done + count)
+                if progress is not None:
+                    progress(len(entries))
+                if time.monotonic() - reported >= PROGRESS_EVERY_S:
+                    reported = time.monotonic()
+                    _log.info(
+                        "rebuild p%d: %d of ~%d records replayed", partition, done + count, target
+                    )
+        finally:
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
         return count
 
     async def _swap(self, shard: Shard, staging: Path, models: Sequence[ModelName]) -> None:
@@ -421,3 +513,12 @@ class ProjectorRunner:
 
         await shard.run(_swap_models)
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def next_batch_size(size: int, polled: dict[int, list[Any]], base: int) -> int:
+    """The next poll's size: doubled (up to ``MAX_BATCH_FACTOR`` x ``base``) while a poll
+    comes back full, since the consumer is behind; back to ``base`` once it is not, so a
+    caught-up runner applies small batches soon after they are appended."""
+    if sum(len(entries) for entries in polled.values()) >= size:
+        return min(size * 2, base * MAX_BATCH_FACTOR)
+    return base

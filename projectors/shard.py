@@ -87,6 +87,8 @@ class Shard:
             return
 
         def _open() -> None:
+            if self.models:  # two callers raced to open: the first one did it
+                return
             for spec in self._specs:
                 self.models[spec.name] = self.open_model(spec)
 
@@ -141,20 +143,9 @@ class Shard:
         return dead
 
     async def _apply(self, entries: Sequence[LogEntry], encode: VectorEncoder) -> list[DeadLetter]:
-        dead: list[DeadLetter] = []
         live = self.live_models()
         floor = min((m.applied_offset() for m in live.values()), default=-1)
-        projected: list[ProjectedRecord] = []
-        for entry in entries:
-            if entry.offset <= floor:
-                continue
-            try:
-                record = decode_record(entry.value)
-            except RecordDecodeError as error:
-                dead.append(DeadLetter(entry.partition, entry.offset, str(error), entry.value))
-                continue
-            node = derive_node(record) if isinstance(record, Message) else None
-            projected.append(ProjectedRecord(offset=entry.offset, record=record, node=node))
+        dead, projected = await self.run(self._project, entries, floor)
         if not projected:
             return dead
         attributes = {
@@ -172,6 +163,27 @@ class Shard:
             dead.extend(await self.run(self._apply_all, live, projected))
         return dead
 
+    def _project(
+        self, entries: Sequence[LogEntry], floor: int
+    ) -> tuple[list[DeadLetter], list[ProjectedRecord]]:
+        """Decode the entries past ``floor`` and derive their nodes, on the shard's thread
+        (one hop per batch; the event loop stays free for queries meanwhile)."""
+        dead: list[DeadLetter] = []
+        projected: list[ProjectedRecord] = []
+        for entry in entries:
+            if entry.offset <= floor:
+                continue
+            try:
+                record = decode_record(entry.value)
+            except RecordDecodeError as error:
+                dead.append(DeadLetter(entry.partition, entry.offset, str(error), entry.value))
+                continue
+            node = derive_node(record) if isinstance(record, Message) else None
+            projected.append(
+                ProjectedRecord(offset=entry.offset, record=record, node=node, data=entry.value)
+            )
+        return dead, projected
+
     async def _with_vectors(
         self, projected: list[ProjectedRecord], vector_offset: int, encode: VectorEncoder
     ) -> list[ProjectedRecord]:
@@ -182,7 +194,11 @@ class Shard:
         by_offset = {p.offset: v for p, v in zip(wanted, vectors, strict=True)}
         return [
             ProjectedRecord(
-                offset=p.offset, record=p.record, node=p.node, vector=by_offset[p.offset]
+                offset=p.offset,
+                record=p.record,
+                node=p.node,
+                vector=by_offset[p.offset],
+                data=p.data,
             )
             if p.offset in by_offset
             else p
@@ -217,7 +233,7 @@ class Shard:
                         self.partition,
                         item.offset,
                         f"{type(error).__name__}: {error}",
-                        encode_record(item.record),
+                        item.data if item.data is not None else encode_record(item.record),
                         name,
                     )
                 )

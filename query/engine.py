@@ -7,7 +7,7 @@ the topic and projects the partitions its consumer group assigns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -335,9 +335,14 @@ class MemoryEngine(MemoryBackend):
         shard = await self.runner.shard_for(user_id)
         return await shard.call("graph", lambda graph: graph.get_nodes(user_id, list(node_ids)))
 
-    async def rebuild(self, models: Sequence[ModelName] = MODEL_NAMES) -> dict[int, int]:
-        """Blue/green rebuild of ``models`` from the log; see ProjectorRunner.rebuild."""
-        replayed = await self.runner.rebuild(models)
+    async def rebuild(
+        self,
+        models: Sequence[ModelName] = MODEL_NAMES,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[int, int]:
+        """Blue/green rebuild of ``models`` from the log; see ProjectorRunner.rebuild
+        (``progress`` is called with the count of each chunk of records replayed)."""
+        replayed = await self.runner.rebuild(models, progress)
         if "vector" in models:
             saved = load_pack_config(self.settings.data_path)
             if saved is not None:

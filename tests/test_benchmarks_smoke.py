@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import ingest_throughput, projection, restore, retrieve_latency
+from benchmarks import ingest_throughput, projection, rebuild, restore, retrieve_latency
 from prme.projectors.registry import MODEL_NAMES
 
 
@@ -28,7 +28,7 @@ def test_ingest_benchmark_compares_prme_with_bare_aiokafka(
         *("--messages", "400", "--owners", "20", "--runs", "1", "--bootstrap", kafka_bootstrap),
     )
     rates = report["records_per_s"]
-    assert set(rates) == {"local", "build_only", "prme_kafka", "bare_aiokafka"}
+    assert set(rates) == {"local", "build_only", "prme_kafka", "prme_kafka_inline", "bare_aiokafka"}
     assert all(rate > 0 for rate in rates.values())
     assert 250 <= report["input"]["mean_line_bytes"] <= 350
     ratios = report["ratios"]
@@ -113,4 +113,31 @@ def test_restore_benchmark_takes_over_from_the_changelog_without_encoding(
     assert takeover["changelog"]["changelog_records"] == 60
     assert report["changelog_to_reembed_records_per_s"] == pytest.approx(
         takeover["changelog"]["records_per_s"] / takeover["reembed"]["records_per_s"], rel=0.01
+    )
+
+
+def test_rebuild_benchmark_times_rebuild_and_engine_floors(tmp_path: Path) -> None:
+    report = run(
+        rebuild.main,
+        tmp_path,
+        *("--messages", "120", "--owners", "5", "--partitions", "2"),
+        *("--runs", "1"),
+    )
+    figures = report["rebuild"]
+    assert figures["records_replayed"] == 120
+    assert figures["texts_encoded"] == 0  # the vector cache answers every text
+    assert report["floor_points"] == 120
+    floors = report["floors_seconds"]
+    assert set(floors) == {
+        "vector",
+        "lexical",
+        "graph",
+        "history",
+        "events",
+        "lexical_sidecar",
+        "sum",
+    }
+    assert floors["sum"] == pytest.approx(sum(v for k, v in floors.items() if k != "sum"), abs=0.01)
+    assert report["rebuild_to_summed_floors"] == pytest.approx(
+        figures["seconds"] / floors["sum"], rel=0.01
     )

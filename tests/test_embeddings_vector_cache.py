@@ -138,3 +138,27 @@ async def test_a_large_batch_is_looked_up_in_chunks(tmp_path: Path) -> None:
         second = await embed_with_cache(provider, cache, texts)
     assert len(provider.calls) == 1
     assert first == second
+
+
+def test_a_cache_file_in_the_earlier_layout_is_read_and_written(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE vectors (identity TEXT NOT NULL, content_hash TEXT NOT NULL, "
+            "vector BLOB NOT NULL, PRIMARY KEY (identity, content_hash)) WITHOUT ROWID"
+        )
+    provider = HashedBagOfWordsProvider(dimension=8)
+    with VectorCache(path) as cache:
+        cache.put_many(provider, ["a", "b"], [provider.vector("a"), provider.vector("b")])
+        cache.put_many(provider, ["a"], [provider.vector("a")])
+        assert cache.get_many(provider, ["b", "a", "c"]) == [
+            as_float32(provider.vector("b")),
+            as_float32(provider.vector("a")),
+            None,
+        ]
+        assert cache.count(provider) == 2
+    with sqlite3.connect(path) as db:
+        indexes = db.execute("SELECT name FROM sqlite_master WHERE type = 'index'").fetchall()
+    assert [name for (name,) in indexes if not name.startswith("sqlite_autoindex")] == []

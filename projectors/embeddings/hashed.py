@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from .validation import check_texts
 
 _WORD = re.compile(r"\w+")
+_MAX_CACHED_WORDS = 200_000
 
 
 class HashedBagOfWordsProvider:
@@ -27,6 +28,8 @@ class HashedBagOfWordsProvider:
             raise ValueError(f"dimension must be an int >= 2, got {dimension!r}")
         self._dimension = dimension
         self._model_name = model_name
+        self._slots: dict[str, tuple[int, float]] = {}
+        """word -> (slot, sign): the hash of a word is the same every time."""
 
     @property
     def model_name(self) -> str:
@@ -46,15 +49,28 @@ class HashedBagOfWordsProvider:
     def vector(self, text: str) -> list[float]:
         """The vector of one text (an empty text maps to the first unit vector)."""
         values = [0.0] * self._dimension
+        slots = self._slots
+        touched: set[int] = set()
         for word in _WORD.findall(text.lower()):
-            digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
-            slot = int.from_bytes(digest[:4], "little") % self._dimension
-            values[slot] += 1.0 if digest[4] & 1 else -1.0
-        norm = math.sqrt(sum(value * value for value in values))
+            hit = slots.get(word)
+            if hit is None:
+                digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+                slot = int.from_bytes(digest[:4], "little") % self._dimension
+                hit = (slot, 1.0 if digest[4] & 1 else -1.0)
+                if len(slots) < _MAX_CACHED_WORDS:
+                    slots[word] = hit
+            values[hit[0]] += hit[1]
+            touched.add(hit[0])
+        # Only touched slots can be non-zero, and adding 0.0 changes no sum, so summing
+        # them in slot order gives the full sum bit for bit; untouched slots stay 0.0.
+        order = sorted(touched)
+        norm = math.sqrt(sum(values[slot] * values[slot] for slot in order))
         if norm == 0.0:
             values[0] = 1.0
             return values
-        return [value / norm for value in values]
+        for slot in order:
+            values[slot] /= norm
+        return values
 
 
 class HashedBagOfWordsQueryProvider(HashedBagOfWordsProvider):

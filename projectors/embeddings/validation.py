@@ -6,6 +6,7 @@ these checks, so a malformed response is rejected whole before anything is store
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Sequence
 from typing import Any
@@ -82,6 +83,15 @@ def validate_vectors(
     numeric strings are rejected) of the declared dimension, finite and within float32
     range. Raises ``InvalidEmbedding`` (a ``ValueError``) naming the offending index.
     """
+    matrix = validate_matrix(identity_or_provider, texts_count, vectors)
+    rows: list[list[float]] = matrix.tolist()
+    return rows
+
+
+def validate_matrix(identity_or_provider: Any, texts_count: int, vectors: Any) -> np.ndarray:
+    """``validate_vectors`` as one ``(texts_count, dimension)`` float64 array: the whole
+    response is checked in a few array operations; only a response that fails them is
+    checked vector by vector, to name the offending index."""
     identity = identity_of(identity_or_provider)
     if isinstance(texts_count, bool) or not isinstance(texts_count, int) or texts_count < 0:
         raise TypeError(f"texts_count must be a non-negative int, got {texts_count!r}")
@@ -95,9 +105,27 @@ def validate_vectors(
             f"embedding provider returned {len(vectors)} vectors for {texts_count} inputs; "
             "expected exactly one per input"
         )
-    return [
-        _checked_vector(identity.dimension, index, vector) for index, vector in enumerate(vectors)
-    ]
+    dimension = identity.dimension
+    matrix = _checked_matrix(dimension, vectors)
+    if matrix is None:
+        rows = [_checked_vector(dimension, index, vector) for index, vector in enumerate(vectors)]
+        matrix = np.array(rows, dtype=np.float64).reshape(len(rows), dimension)
+    return matrix
+
+
+def _checked_matrix(dimension: int, vectors: list[Any] | tuple[Any, ...]) -> np.ndarray | None:
+    """The vectors as one array when every check passes; ``None`` when any fails."""
+    if not all(isinstance(v, (list, tuple)) and len(v) == dimension for v in vectors):
+        return None
+    if not set(map(type, itertools.chain.from_iterable(vectors))) <= _PLAIN_NUMBERS:
+        return None
+    try:
+        matrix = np.array(vectors, dtype=np.float64).reshape(len(vectors), dimension)
+    except OverflowError:
+        return None
+    if (~np.isfinite(matrix) | (np.abs(matrix) > FLOAT32_MAX)).any():
+        return None
+    return matrix
 
 
 def validate_vector(identity_or_provider: Any, vector: Any) -> list[float]:

@@ -18,7 +18,7 @@ from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.records import AnyRecord, OwnerErased, kind_of
 
 from ..model import ModelName, ProjectedRecord
-from .sqlite_base import SqliteModel
+from .sqlite_base import SqliteModel, runs
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -35,6 +35,11 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_owner ON events (owner, offset);
 """
+_INSERT = (
+    "INSERT INTO events (event_id, partition, offset, kind, owner, session_id, scope, "
+    "recorded_at, node_ids, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT(event_id) DO NOTHING"
+)
 _COLUMNS = "event_id, partition, offset, kind, owner, session_id, scope, node_ids, record"
 
 
@@ -67,28 +72,33 @@ class EventsModel(SqliteModel):
         self.partition = partition
         super().__init__(path)
 
+    def _apply_many(self, cursor: sqlite3.Cursor, items: list[ProjectedRecord]) -> None:
+        for batched, run in runs(items, lambda item: not isinstance(item.record, OwnerErased)):
+            if batched:
+                cursor.executemany(_INSERT, [self._row(item) for item in run])
+            else:
+                self._apply_one(cursor, run[0])
+
     def _apply_one(self, cursor: sqlite3.Cursor, item: ProjectedRecord) -> None:
+        if isinstance(item.record, OwnerErased):
+            cursor.execute("DELETE FROM events WHERE owner = ?", (item.record.owner,))
+        else:
+            cursor.execute(_INSERT, self._row(item))
+
+    def _row(self, item: ProjectedRecord) -> tuple[Any, ...]:
         record = item.record
-        if isinstance(record, OwnerErased):
-            cursor.execute("DELETE FROM events WHERE owner = ?", (record.owner,))
-            return
         node_ids = [item.node.node_id] if item.node is not None else []
-        cursor.execute(
-            "INSERT INTO events (event_id, partition, offset, kind, owner, session_id, scope, "
-            "recorded_at, node_ids, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(event_id) DO NOTHING",
-            (
-                record.event_id,
-                self.partition,
-                item.offset,
-                kind_of(record),
-                record.owner,
-                record.session_id,
-                record.scope,
-                record.recorded_at.isoformat(),
-                json.dumps(node_ids),
-                encode_record(record),
-            ),
+        return (
+            record.event_id,
+            self.partition,
+            item.offset,
+            kind_of(record),
+            record.owner,
+            record.session_id,
+            record.scope,
+            record.recorded_at.isoformat(),
+            json.dumps(node_ids),
+            item.data if item.data is not None else encode_record(record),
         )
 
     def get(self, event_id: str) -> EventRow | None:

@@ -43,7 +43,7 @@ from prme.schemas.records import (
 
 from ..entities import normalise_entity
 from ..model import MemoryNode, ModelName, NodeState, ProjectedRecord
-from .sqlite_base import SqliteModel
+from .sqlite_base import SqliteModel, runs
 
 EdgeKind = Literal["derived_from", "mentions", "part_of", "supersedes", "next"]
 HOP_DECAY = 0.5
@@ -135,6 +135,13 @@ class GraphModel(SqliteModel):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
+
+    def _apply_many(self, cursor: sqlite3.Cursor, items: list[ProjectedRecord]) -> None:
+        for batched, run in runs(items, _adds_node):
+            if batched:
+                _add_memory_nodes(cursor, run)
+            else:
+                self._apply_one(cursor, run[0])
 
     def _apply_one(self, cursor: sqlite3.Cursor, item: ProjectedRecord) -> None:
         record = item.record
@@ -387,6 +394,119 @@ def _add_memory_node(cursor: sqlite3.Cursor, node: MemoryNode, seq: int) -> None
     ).fetchone()
     if previous is not None:
         _add_edge(cursor, previous[0], node.node_id, "next", owner)
+
+
+def _adds_node(item: ProjectedRecord) -> bool:
+    return isinstance(item.record, Message) and item.node is not None
+
+
+_UPSERT_NODE = (
+    "INSERT INTO nodes (node_id, owner, kind, scope, session_id, node_type, state, text, "
+    "speaker, role, event_id, recorded_at, occurred_at, content_hash, entities, seq) "
+    "VALUES (?, ?, 'memory', ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT(node_id) DO UPDATE SET node_type = excluded.node_type, "
+    "text = excluded.text, speaker = excluded.speaker, role = excluded.role, "
+    "content_hash = excluded.content_hash, entities = excluded.entities"
+)
+_INSERT_EDGE = "INSERT OR IGNORE INTO edges (src, dst, kind, owner) VALUES (?, ?, ?, ?)"
+
+
+def _add_memory_nodes(cursor: sqlite3.Cursor, run: list[ProjectedRecord]) -> None:
+    """``_add_memory_node`` for a run of message records, with one ``executemany`` per
+    statement: the same rows, edges and degrees as adding them one by one.
+
+    A node's ``next`` edge comes from the newest memory node of its session with a lower
+    ``seq``. Every stored node has a lower ``seq`` than this run's offsets (the model
+    applies only records past its stored offset), so that is the previous node of the
+    session added in this run or, before the first, the session's newest stored one. A
+    node id stored already keeps its ``seq`` (the upsert leaves it), so it never becomes
+    the newest."""
+    nodes = [(item.node, item.offset) for item in run if item.node is not None]
+    ids = list(dict.fromkeys(node.node_id for node, _ in nodes))
+    stored: set[str] = set()
+    mentioned: set[tuple[str, str]] = set()
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        stored.update(
+            row[0]
+            for row in cursor.execute(
+                f"SELECT node_id FROM nodes WHERE node_id IN ({marks})", chunk
+            )
+        )
+        mentioned.update(
+            cursor.execute(
+                f"SELECT src, dst FROM edges WHERE kind = 'mentions' AND src IN ({marks})", chunk
+            ).fetchall()
+        )
+    node_rows: list[tuple[Any, ...]] = []
+    edges: list[tuple[str, str, str, str]] = []
+    sessions: dict[str, tuple[str, str, str, str]] = {}
+    entities: dict[str, tuple[str, str]] = {}
+    degrees: dict[str, int] = defaultdict(int)
+    newest: dict[tuple[str, str, str], str | None] = {}
+    nexts: list[tuple[str, str, str, str]] = []
+    for node, seq in nodes:
+        owner = node.owner
+        node_rows.append(
+            (
+                node.node_id,
+                owner,
+                node.scope,
+                node.session_id,
+                node.node_type,
+                node.text,
+                node.speaker,
+                node.role,
+                node.event_id,
+                node.recorded_at.isoformat(),
+                node.occurred_at.isoformat() if node.occurred_at else None,
+                node.content_hash,
+                json.dumps(node.entities),
+                seq,
+            )
+        )
+        edges.append((node.node_id, node.event_id, "derived_from", owner))
+        session_id = session_node_id(owner, node.scope, node.session_id)
+        sessions.setdefault(session_id, (session_id, owner, node.scope, node.session_id))
+        edges.append((node.node_id, session_id, "part_of", owner))
+        for name in node.entities:
+            entity_id = entity_node_id(owner, name)
+            entities.setdefault(entity_id, (owner, normalise_entity(name)))
+            if (node.node_id, entity_id) not in mentioned:
+                mentioned.add((node.node_id, entity_id))
+                degrees[entity_id] += 1
+                edges.append((node.node_id, entity_id, "mentions", owner))
+        key = (owner, node.scope, node.session_id)
+        if key not in newest:
+            row = cursor.execute(
+                "SELECT node_id FROM nodes WHERE owner = ? AND scope = ? AND session_id = ? "
+                "AND kind = 'memory' AND seq < ? ORDER BY seq DESC LIMIT 1",
+                (*key, seq),
+            ).fetchone()
+            newest[key] = None if row is None else row[0]
+        previous = newest[key]
+        if previous is not None:
+            nexts.append((previous, node.node_id, "next", owner))
+        if node.node_id not in stored:
+            stored.add(node.node_id)
+            newest[key] = node.node_id
+    cursor.executemany(_UPSERT_NODE, node_rows)
+    cursor.executemany(
+        "INSERT OR IGNORE INTO nodes (node_id, owner, kind, scope, session_id, text) "
+        "VALUES (?, ?, 'session', ?, ?, ?)",
+        [(sid, owner, scope, session, session) for sid, owner, scope, session in sessions.values()],
+    )
+    cursor.executemany(
+        "INSERT OR IGNORE INTO nodes (node_id, owner, kind, text) VALUES (?, ?, 'entity', ?)",
+        [(entity_id, owner, text) for entity_id, (owner, text) in entities.items()],
+    )
+    cursor.executemany(_INSERT_EDGE, edges)
+    cursor.executemany(_INSERT_EDGE, nexts)
+    cursor.executemany(
+        "UPDATE nodes SET degree = degree + ? WHERE node_id = ?",
+        [(count, entity_id) for entity_id, count in degrees.items()],
+    )
 
 
 def _add_edge(cursor: sqlite3.Cursor, src: str, dst: str, kind: EdgeKind, owner: str) -> bool:

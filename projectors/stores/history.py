@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.records import (
@@ -24,7 +24,7 @@ from prme.schemas.records import (
 )
 
 from ..model import ModelName, ProjectedRecord
-from .sqlite_base import SqliteModel
+from .sqlite_base import SqliteModel, runs
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -57,12 +57,17 @@ class HistoryModel(SqliteModel):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
 
+    def _apply_many(self, cursor: sqlite3.Cursor, items: list[ProjectedRecord]) -> None:
+        for batched, run in runs(items, _inserts):
+            if batched:
+                cursor.executemany(_INSERT, [_row(item) for item in run])
+            else:
+                self._apply_one(cursor, run[0])
+
     def _apply_one(self, cursor: sqlite3.Cursor, item: ProjectedRecord) -> None:
         record = item.record
-        if isinstance(record, Message):
-            _insert(cursor, record.event_id, record, item.offset, "message", encode_record(record))
-        elif isinstance(record, HistoryCleared | HistoryReplaced):
-            _insert(cursor, record.event_id, record, item.offset, "clear", None)
+        if _inserts(item):
+            cursor.execute(_INSERT, _row(item))
         elif isinstance(record, MessageDeleted):
             cursor.execute(
                 "UPDATE entries SET deleted = 1 WHERE event_id = ? AND owner = ? "
@@ -110,16 +115,21 @@ class HistoryModel(SqliteModel):
         return [(session_id, scope) for session_id, scope in rows]
 
 
-def _insert(
-    cursor: sqlite3.Cursor,
-    event_id: str,
-    record: Message | HistoryCleared | HistoryReplaced,
-    seq: int,
-    kind: str,
-    data: bytes | None,
-) -> None:
-    cursor.execute(
-        "INSERT OR IGNORE INTO entries (event_id, owner, session_id, scope, seq, kind, record) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (event_id, record.owner, record.session_id, record.scope, seq, kind, data),
-    )
+_INSERT = (
+    "INSERT OR IGNORE INTO entries (event_id, owner, session_id, scope, seq, kind, record) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _inserts(item: ProjectedRecord) -> bool:
+    """Whether the record adds an entry (a message or a clear marker)."""
+    return isinstance(item.record, Message | HistoryCleared | HistoryReplaced)
+
+
+def _row(item: ProjectedRecord) -> tuple[Any, ...]:
+    record = item.record
+    if isinstance(record, Message):
+        kind, data = "message", item.data if item.data is not None else encode_record(record)
+    else:
+        kind, data = "clear", None
+    return (record.event_id, record.owner, record.session_id, record.scope, item.offset, kind, data)

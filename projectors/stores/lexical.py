@@ -170,8 +170,7 @@ class LexicalModel:
         writer = self._require_writer()
         try:
             changed, points, erased, fresh = self._update_windows(records)
-            dirty = changed | self._windows.affected(points)
-            documents = [(node_id, self._windows.document(node_id)) for node_id in sorted(dirty)]
+            documents = sorted(self._windows.documents_for(changed, points).items())
             self._windows.commit()
         except BaseException:
             self._windows.rollback()

@@ -13,8 +13,11 @@ what makes a rebuild (in any batching) produce the same index.
 
 from __future__ import annotations
 
+import bisect
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -236,6 +239,169 @@ class WindowStore:
             texts.extend(row[0] for row in after)
         return "\n".join(texts)
 
+    def documents_for(
+        self, changed: set[str], points: list[SequencePoint]
+    ) -> dict[str, LexicalDocument | None]:
+        """The documents of ``changed`` and of ``affected(points)``: what
+        :meth:`document` gives for each, read with a few queries per sequence instead of
+        several per node.
+
+        Per sequence the anchors (points and changed rows) are cut into clusters; each
+        cluster loads the live messages and boundaries from ``before + after`` live
+        messages below its lowest anchor to as many above its highest. Every window that
+        touches an anchor lies inside that slice, and a boundary outside it cannot cut a
+        window inside it."""
+        rows = self._rows(changed)
+        found: dict[str, LexicalDocument | None] = dict.fromkeys(changed)
+        anchors: dict[tuple[str, str, str], set[int]] = {}
+        wanted: dict[tuple[str, str, str], set[int]] = {}
+        for point in points:
+            key = (point.owner, point.session_id, point.scope)
+            anchors.setdefault(key, set()).add(point.offset)
+            wanted.setdefault(key, set()).add(point.offset)
+        for node_id, (
+            owner,
+            session_id,
+            scope,
+            offset,
+            text,
+            speaker,
+            state,
+            removed,
+        ) in rows.items():
+            key = (owner, session_id, scope)
+            anchors.setdefault(key, set()).add(offset)
+            if removed:
+                found[node_id] = LexicalDocument(
+                    node_id=node_id,
+                    owner=owner,
+                    scope=scope,
+                    session_id=session_id,
+                    state=state,
+                    text=text,
+                    context="",
+                    speaker=speaker,
+                )
+        for key, offsets in anchors.items():
+            for cluster in _clusters(sorted(offsets)):
+                self._documents_in(key, cluster, wanted.get(key, set()), rows, found)
+        return found
+
+    def _rows(self, node_ids: set[str]) -> dict[str, tuple[Any, ...]]:
+        rows: dict[str, tuple[Any, ...]] = {}
+        ids = sorted(node_ids)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self._db.execute(
+                "SELECT node_id, owner, session_id, scope, log_offset, text, speaker, state, "
+                f"removed FROM messages WHERE node_id IN ({marks})",
+                chunk,
+            ):
+                rows[row[0]] = row[1:]
+        return rows
+
+    def _documents_in(
+        self,
+        key: tuple[str, str, str],
+        cluster: list[int],
+        points: set[int],
+        rows: dict[str, tuple[Any, ...]],
+        found: dict[str, LexicalDocument | None],
+    ) -> None:
+        reach = self._before + self._after
+        low = self._edge(key, cluster[0], "<", "DESC", reach, min)
+        high = self._edge(key, cluster[-1], ">", "ASC", reach, max)
+        live = self._db.execute(
+            "SELECT node_id, log_offset, text, speaker, state FROM messages WHERE owner = ?"
+            " AND session_id = ? AND scope = ? AND removed = 0 AND log_offset BETWEEN ? AND ?"
+            " ORDER BY log_offset",
+            (*key, low, high),
+        ).fetchall()
+        bounds = [
+            row[0]
+            for row in self._db.execute(
+                "SELECT log_offset FROM boundaries WHERE owner = ? AND session_id = ?"
+                " AND scope = ? AND log_offset BETWEEN ? AND ? ORDER BY log_offset",
+                (*key, low, high),
+            )
+        ]
+        offsets = [row[1] for row in live]
+        position = {row[0]: index for index, row in enumerate(live)}
+        first, last = cluster[0], cluster[-1]
+        # Only this cluster's own anchors: a changed node near the slice's edge belongs to
+        # another cluster, whose slice reaches far enough around it.
+        dirty = {row[0] for row in live if row[0] in rows and first <= row[1] <= last}
+        for point in points:
+            if not first <= point <= last:
+                continue
+            at = bisect.bisect_left(offsets, point)
+            after_point = at + 1 if at < len(offsets) and offsets[at] == point else at
+            dirty.update(row[0] for row in live[max(at - self._after, 0) : at])
+            dirty.update(row[0] for row in live[after_point : after_point + self._before])
+        owner, session_id, scope = key
+        for node_id in dirty:
+            index = position[node_id]
+            offset = offsets[index]
+            cut = bisect.bisect_left(bounds, offset)
+            floor = bounds[cut - 1] if cut > 0 else -1
+            ceiling = bounds[cut] if cut < len(bounds) else _MAX_OFFSET
+            texts = (
+                [row[2] for row in live[max(index - self._before, 0) : index] if row[1] > floor]
+                if self._before
+                else []
+            )
+            if self._after:
+                texts.extend(
+                    row[2] for row in live[index + 1 : index + 1 + self._after] if row[1] < ceiling
+                )
+            _, _, text, speaker, state = live[index]
+            found[node_id] = LexicalDocument(
+                node_id=node_id,
+                owner=owner,
+                scope=scope,
+                session_id=session_id,
+                state=state,
+                text=text,
+                context="\n".join(texts),
+                speaker=speaker,
+            )
+
+    def _edge(
+        self,
+        key: tuple[str, str, str],
+        offset: int,
+        comparison: str,
+        order: str,
+        reach: int,
+        pick: Callable[[list[int]], int],
+    ) -> int:
+        """The offset ``reach`` live messages beyond ``offset`` (or the farthest there is)."""
+        if reach == 0:
+            return offset
+        rows = self._db.execute(
+            "SELECT log_offset FROM messages WHERE owner = ? AND session_id = ? AND scope = ?"
+            f" AND removed = 0 AND log_offset {comparison} ? ORDER BY log_offset {order}"
+            " LIMIT ?",
+            (*key, offset, reach),
+        ).fetchall()
+        return pick([offset, *(row[0] for row in rows)])
+
     def close(self) -> None:
         self.rollback()
         self._db.close()
+
+
+CLUSTER_GAP = 4096
+"""Anchors of one sequence further apart than this many log offsets load separate slices
+(a delete deep in a long session does not load everything up to the newest message)."""
+
+
+def _clusters(offsets: list[int]) -> list[list[int]]:
+    clusters: list[list[int]] = []
+    for offset in offsets:
+        if clusters and offset - clusters[-1][-1] <= CLUSTER_GAP:
+            clusters[-1].append(offset)
+        else:
+            clusters.append([offset])
+    return clusters

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -106,14 +106,21 @@ class SqliteModel:
         transaction."""
         with self._lock, transaction(self._db) as cursor:
             applied = read_offset(cursor, self.name)
+            todo: list[ProjectedRecord] = []
             newest = applied
             for item in batch:
-                if item.offset <= newest:
-                    continue
-                self._apply_one(cursor, item)
-                newest = item.offset
-            if newest > applied:
+                if item.offset > newest:
+                    todo.append(item)
+                    newest = item.offset
+            if todo:
+                self._apply_many(cursor, todo)
                 write_offset(cursor, self.name, newest)
+
+    def _apply_many(self, cursor: sqlite3.Cursor, items: list[ProjectedRecord]) -> None:
+        """Apply ``items`` (in log order, all past the stored offset); models override this
+        to write runs of records with ``executemany``."""
+        for item in items:
+            self._apply_one(cursor, item)
 
     def _apply_one(self, cursor: sqlite3.Cursor, item: ProjectedRecord) -> None:
         raise NotImplementedError
@@ -135,3 +142,21 @@ class SqliteModel:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def runs(
+    items: list[ProjectedRecord], batched: Callable[[ProjectedRecord], bool]
+) -> Iterator[tuple[bool, list[ProjectedRecord]]]:
+    """``items`` cut into maximal runs of records that ``batched`` accepts (``True``, the
+    run) and single other records (``False``, a one-record list), in order."""
+    run: list[ProjectedRecord] = []
+    for item in items:
+        if batched(item):
+            run.append(item)
+            continue
+        if run:
+            yield True, run
+            run = []
+        yield False, [item]
+    if run:
+        yield True, run

@@ -1,0 +1,72 @@
+"""Building ingest lines into log items in a worker process, so that building the next
+lines overlaps sending the previous ones (on one interpreter the two share one core: the
+GIL keeps a builder thread from running beside the event loop's sends).
+
+The worker runs the same code as the in-process path (``draft_from_line`` and the
+producer's record-to-log-item step), so what it writes is byte for byte what ``prme
+ingest`` writes without it, apart from the event ids and timestamps every build draws.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import Executor, ProcessPoolExecutor
+from pathlib import Path
+
+import msgspec
+
+from prme.schemas.config import LimitsSettings
+from prme.schemas.errors import InvalidInput
+
+from .local_log import LocalLogTransport
+from .producer import Producer, log_item
+from .transport import LogItem
+
+BUILD_CHUNK = 2_000
+"""Lines a worker builds per call: large enough that the hand-over cost is small."""
+
+
+class BuiltLine(msgspec.Struct, frozen=True, array_like=True):
+    """One line's outcome: its log item, or why it was refused."""
+
+    number: int
+    item: LogItem | None = None
+    event_id: str | None = None
+    error: str | None = None
+
+
+def build_lines(first_number: int, lines: list[bytes], limits: LimitsSettings) -> bytes:
+    """Build ``lines`` (numbered from ``first_number``; blank lines skipped) into log items,
+    msgpack-encoded for the trip back to the parent."""
+    from .ingest import draft_from_line
+
+    # Only the builders are used: this producer never appends (its log is never started).
+    producer = Producer(LocalLogTransport(Path(os.devnull), 1), limits)
+    built: list[BuiltLine] = []
+    for number, raw in enumerate(lines, start=first_number):
+        if not raw.strip():
+            continue
+        try:
+            record = draft_from_line(raw, producer)
+            built.append(BuiltLine(number, item=log_item(record), event_id=record.event_id))
+        except InvalidInput as error:
+            built.append(BuiltLine(number, error=str(error)))
+    return msgspec.msgpack.encode(built)
+
+
+_built_decoder = msgspec.msgpack.Decoder(list[BuiltLine])
+
+
+def decode_built(data: bytes) -> list[BuiltLine]:
+    return _built_decoder.decode(data)
+
+
+def builder_process() -> Executor:
+    """One worker process for ``ingest_lines(builder=...)``, forked now (it needs no imports
+    and starts at once): create it before the transport starts threads, so the fork copies
+    no thread that could hold a lock. (A process pool forks lazily, at its first task; the
+    no-op task here makes that happen at creation.)"""
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+    pool.submit(int).result()
+    return pool

@@ -1,0 +1,139 @@
+"""How the projector batches: batches grow while it is behind, a rebuild reports its
+progress, and the history and events models keep the bytes the log gave them."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from prme import MemoryEngine
+from prme.producers.factory import open_transport
+from prme.producers.producer import MessageDraft, Producer
+from prme.producers.transport import LogItem
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.projectors.model import ProjectedRecord
+from prme.projectors.runner import MAX_BATCH_FACTOR, ProjectorRunner, next_batch_size
+from prme.schemas.codec import decode_record, encode_record
+from prme.schemas.config import Settings
+
+
+def test_the_batch_size_doubles_while_polls_come_back_full_and_resets_after() -> None:
+    full = {0: [object()] * 64}
+    size = 64
+    sizes = []
+    for _ in range(8):
+        size = next_batch_size(size, full if size == 64 else {0: [object()] * size}, 64)
+        sizes.append(size)
+    assert sizes == [128, 256, 512, 1024, 64 * MAX_BATCH_FACTOR, 64 * MAX_BATCH_FACTOR] + sizes[6:]
+    assert max(sizes) == 64 * MAX_BATCH_FACTOR
+    assert next_batch_size(1024, {0: [object()] * 10, 1: [object()] * 3}, 64) == 64
+
+
+async def _fill(settings: Settings, count: int, owners: int) -> None:
+    transport = open_transport(settings)
+    await transport.start()
+    try:
+        producer = Producer(transport)
+        drafts = [
+            MessageDraft(owner=f"user{i % owners}", session_id=f"s{i % 3}", content=f"note {i}")
+            for i in range(count)
+        ]
+        for start in range(0, count, 500):
+            await producer.append_records(
+                [producer.build_message(d) for d in drafts[start : start + 500]]
+            )
+    finally:
+        await transport.close()
+
+
+async def test_a_runner_that_is_behind_applies_larger_batches(local_settings: Settings) -> None:
+    settings = local_settings.replace(log={"partitions": 1})
+    await _fill(settings, 1200, owners=3)
+    sizes: list[int] = []
+    transport = open_transport(settings)
+    await transport.start()
+    runner = ProjectorRunner(settings, transport, HashedBagOfWordsProvider(), batch_size=32)
+    try:
+        await runner.start()
+        await runner.shards[0].ensure_open()
+        events = runner.shards[0].models["events"]
+        apply = events.apply
+
+        def recording(batch: list[ProjectedRecord]) -> None:
+            sizes.append(len(batch))
+            apply(batch)
+
+        events.apply = recording  # type: ignore[method-assign]
+        await runner.catch_up(timeout_s=120)
+    finally:
+        await runner.close()
+        await transport.close()
+    assert sum(sizes) == 1200
+    assert max(sizes) > 32 * 4
+
+
+async def test_rebuild_reports_progress_and_keeps_every_digest(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    await _fill(local_settings, 600, owners=7)
+    reported: list[int] = []
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
+    ) as engine:
+        before = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+        replayed = await engine.rebuild(progress=reported.append)
+        after = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+    assert sum(reported) == sum(replayed.values()) == 600
+    assert len(replayed) > 1
+    assert after == before
+
+
+async def test_history_and_events_store_the_log_bytes_as_given(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    producer = Producer(open_transport(local_settings))
+    record = producer.build_message(MessageDraft(owner="alice", session_id="s", content="hi"))
+    # A valid encoding with the fields in another order: decoding accepts it, re-encoding
+    # would not give these bytes back.
+    fields = msgspec.to_builtins(record)
+    given = msgspec.msgpack.encode(dict(reversed(list(fields.items()))))
+    assert decode_record(given) == record and given != encode_record(record)
+    transport = open_transport(local_settings)
+    await transport.start()
+    position = await transport.append(LogItem(b"alice", given))
+    await transport.close()
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
+    ) as engine:
+        assert [m.content for m in await engine.history("alice", "s")] == ["hi"]
+    shard = Path(local_settings.data_dir) / "shards" / f"p{position.partition}"
+    for relative, table in (
+        ("history/history.sqlite3", "entries"),
+        ("events/events.sqlite3", "events"),
+    ):
+        with sqlite3.connect(shard / relative) as db:
+            assert db.execute(f"SELECT record FROM {table}").fetchall() == [(given,)]
+
+
+async def test_two_callers_opening_a_shard_at_once_open_it_once(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    import asyncio
+
+    from prme.projectors.embeddings.validation import identity_of
+    from prme.projectors.shard import Shard
+
+    shard = Shard(
+        Path(local_settings.data_dir) / "shards" / "p0",
+        0,
+        local_settings,
+        identity_of(hashed_provider),
+    )
+    try:
+        await asyncio.gather(shard.ensure_open(), shard.ensure_open())  # no WouldBlock
+        assert sorted(shard.models) == ["events", "graph", "history", "lexical", "vector"]
+    finally:
+        await shard.close()
