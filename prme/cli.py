@@ -305,8 +305,10 @@ async def _rebuild(args: argparse.Namespace) -> int:
         cache = engine.runner.vector_cache
         hits, misses = cache.hits, cache.misses
         total = sum((await engine.runner.transport.end_offsets()).values())
-        # tqdm shows the rate (rec/s) next to the count; the bar goes to stderr.
-        with tqdm(total=total, unit="rec", disable=args.quiet, file=sys.stderr) as bar:
+        # tqdm shows the rate (rec/s) next to the count; the bar goes to stderr, which
+        # carries one JSON object per line under --log-format json, so no bar then.
+        hidden = args.quiet or args.log_format == "json"
+        with tqdm(total=total, unit="rec", disable=hidden, file=sys.stderr) as bar:
             replayed = await engine.rebuild(models, progress=bar.update)
         # A durable-cache miss is a text the embedding model encoded for this rebuild.
         vectors = {"from_cache": cache.hits - hits, "encoded": cache.misses - misses}
