@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+import prme.adapters
 from prme.adapters.mcp_access import OwnerPolicy
 from prme.adapters.mcp_schema import object_schema
 from prme.cli import main
@@ -59,6 +60,9 @@ def test_prme_mcp_without_the_sdk_says_which_extra_to_install(
     for name in [n for n in sys.modules if n.partition(".")[0] in ("mcp", "mcp_types")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.delitem(sys.modules, "prme.adapters.mcp_server", raising=False)
+    # `from prme.adapters import mcp_server` finds a module imported earlier as the
+    # package's attribute, whatever sys.modules says.
+    monkeypatch.delattr(prme.adapters, "mcp_server", raising=False)
     monkeypatch.setitem(sys.modules, "mcp_types", None)
     monkeypatch.setitem(sys.modules, "mcp", None)
     assert main(["mcp", "--data-dir", str(tmp_path / "pack")]) == 2
