@@ -136,16 +136,17 @@ def _serve(args: argparse.Namespace) -> int:
     from prme.schemas.errors import ConfigurationError
 
     configure(args.log_format, getattr(logging, args.log_level.upper()), "prme serve")
-    settings = _settings(args)
-    service: dict[str, Any] = {}
-    if args.host:
-        service["host"] = args.host
-    if args.port is not None:
-        service["port"] = args.port
-    if service:
-        settings = settings.replace(service=service)
+    settings = _serve_settings(args)
+    if args.processes > 1:
+        from prme.query.processes import serve_processes
+
+        try:
+            return serve_processes(settings, args.processes, _child_options(args))
+        except ConfigurationError as error:
+            print(f"prme serve: {error}", file=sys.stderr)
+            return 2
     try:
-        asyncio.run(run_server(settings, log_level=args.log_level))
+        asyncio.run(run_server(settings, log_level=args.log_level, sockets=_inherited(args)))
     except ConfigurationError as error:
         print(f"prme serve: {error}", file=sys.stderr)
         return 2
@@ -154,8 +155,46 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_settings(args: argparse.Namespace) -> Settings:
+    settings = _settings(args)
+    service: dict[str, Any] = {}
+    if args.host:
+        service["host"] = args.host
+    if args.port is not None:
+        service["port"] = args.port
+    cluster: dict[str, Any] = {}
+    if args.advertised_url:
+        cluster["advertised_url"] = args.advertised_url
+    if args.no_project:
+        cluster["project"] = False
+    if args.standby_replicas is not None:
+        cluster["standby_replicas"] = args.standby_replicas
+    if args.static_members:
+        cluster["static_members"] = args.static_members.split(",")
+    changes = {k: v for k, v in (("service", service), ("cluster", cluster)) if v}
+    return settings.replace(**changes) if changes else settings
+
+
+def _child_options(args: argparse.Namespace) -> list[str]:
+    """The options a ``--processes`` child repeats (its own port and URL are added)."""
+    options = ["--log-format", args.log_format, "--log-level", args.log_level]
+    for option in ("data_dir", "transport", "bootstrap", "standby_replicas"):
+        if getattr(args, option, None) is not None:
+            options += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    return options
+
+
+def _inherited(args: argparse.Namespace) -> list[Any] | None:
+    """The shared listening socket a ``--processes`` parent handed this child."""
+    import socket
+
+    if args.listen_fd is None:
+        return None
+    return [socket.socket(fileno=int(fd)) for fd in args.listen_fd.split(",")]
+
+
 def _mcp(args: argparse.Namespace) -> int:
-    from prme.schemas.errors import ConfigurationError, PRMEError, ShardUnavailable
+    from prme.schemas.errors import ConfigurationError, DataDirInUse, PRMEError, ShardUnavailable
 
     settings = _settings(args)
     mcp: dict[str, Any] = {}
@@ -180,7 +219,7 @@ def _mcp(args: argparse.Namespace) -> int:
         # Raised while starting (tool calls answer their own errors): a pack held by
         # another process, a service that refuses the key, bad settings.
         print(f"prme mcp: {error}", file=sys.stderr)
-        if isinstance(error, ShardUnavailable) and not settings.mcp.url:
+        if isinstance(error, (ShardUnavailable, DataDirInUse)) and not settings.mcp.url:
             print(
                 "prme mcp: a pack is opened by one process; to share it, run `prme serve` "
                 "on it and start `prme mcp --url http://127.0.0.1:8765` (docs/MCP.md)",
@@ -455,6 +494,31 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    serve.add_argument(
+        "--advertised-url",
+        help="the URL other nodes and clients reach this node at (PRME_CLUSTER__ADVERTISED_URL;"
+        " default http://HOST:PORT)",
+    )
+    serve.add_argument(
+        "--no-project",
+        action="store_true",
+        help="serve-only: append writes and route every read to the partition's owner "
+        "(PRME_CLUSTER__PROJECT=false)",
+    )
+    serve.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="N member processes behind this one port, splitting the partitions (on the "
+        "embedded log: process i owns partitions p mod N == i)",
+    )
+    serve.add_argument(
+        "--standby-replicas",
+        type=int,
+        help="warm copies of each partition kept on other nodes (PRME_CLUSTER__STANDBY_REPLICAS)",
+    )
+    serve.add_argument("--listen-fd", help=argparse.SUPPRESS)
+    serve.add_argument("--static-members", help=argparse.SUPPRESS)
     _add_log_options(serve)
     _add_log_format(serve)
     serve.set_defaults(run=_serve)

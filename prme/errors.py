@@ -3,6 +3,7 @@
 from prme.schemas.errors import (
     ConfigurationError,
     ConsistencyTimeout,
+    DataDirInUse,
     EmbeddingMismatch,
     Forbidden,
     InvalidInput,
@@ -14,11 +15,13 @@ from prme.schemas.errors import (
     Unauthenticated,
     UnknownRecordKind,
     UnsupportedRecordVersion,
+    WriteUnconfirmed,
 )
 
 __all__ = [
     "ConfigurationError",
     "ConsistencyTimeout",
+    "DataDirInUse",
     "EmbeddingMismatch",
     "Forbidden",
     "InvalidInput",
@@ -30,4 +33,5 @@ __all__ = [
     "Unauthenticated",
     "UnknownRecordKind",
     "UnsupportedRecordVersion",
+    "WriteUnconfirmed",
 ]

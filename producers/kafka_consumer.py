@@ -8,10 +8,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
+from prme.schemas.cluster import ClusterMap, MemberClaim
 from prme.schemas.errors import TransportError
 
 from .kafka_common import bounded, entry_of, stop_quietly
-from .transport import LogConsumer, LogEntry, PartitionsCallback
+from .kafka_membership import ClusterAssignor
+from .transport import LogConsumer, LogEntry, Membership, PartitionsCallback
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -35,6 +37,14 @@ class _Listener(ConsumerRebalanceListener):
             await self._on_assigned(partitions)
 
 
+def _anonymous() -> MemberClaim:
+    return MemberClaim(url="")
+
+
+def _ignore(_: ClusterMap) -> None:
+    return None
+
+
 class KafkaLogConsumer(LogConsumer):
     """A consumer-group member: the group gives each partition to one member.
 
@@ -53,7 +63,10 @@ class KafkaLogConsumer(LogConsumer):
         client_id: str = "prme",
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 3_000,
+        membership: Membership | None = None,
     ) -> None:
+        """With ``membership`` the group's assignor is PRME's (every member must then be a
+        PRME node): owners sticky and balanced, and the cluster map handed to each."""
         self._topic = topic
         self._timeout_s = request_timeout_s
         self._settings: dict[str, Any] = {
@@ -66,6 +79,14 @@ class KafkaLogConsumer(LogConsumer):
             "session_timeout_ms": session_timeout_ms,
             "heartbeat_interval_ms": heartbeat_interval_ms,
             "request_timeout_ms": int(request_timeout_s * 1000),
+            "partition_assignment_strategy": (
+                ClusterAssignor(
+                    topic,
+                    membership.claim if membership else _anonymous,
+                    membership.on_map if membership else _ignore,
+                    membership.standby_replicas if membership else 0,
+                ),
+            ),
         }
         self._consumer: AIOKafkaConsumer | None = None
 

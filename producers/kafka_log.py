@@ -18,14 +18,16 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from prme.schemas.cluster import ClusterMap
 from prme.schemas.errors import ConfigurationError, TransportError
 
 from .kafka_common import bounded, entry_of, stop_quietly
 from .kafka_consumer import KafkaLogConsumer
 from .kafka_group import GroupMember, describe_group
+from .kafka_membership import read_cluster_map
 from .kafka_topics import RETENTION_FOREVER, Replication, cluster_replication, create_topic
 from .partitioner import Partitioner
-from .transport import LogEntry, LogItem, Position
+from .transport import LogEntry, LogItem, Membership, Position
 
 T = TypeVar("T")
 
@@ -383,13 +385,20 @@ class KafkaLogTransport:
             raise TransportError("kafka transport is not started")
         return await describe_group(self._admin, self._topic, group, self._timeout_s)
 
-    def consumer(self, group: str) -> KafkaLogConsumer:
+    async def cluster_map(self, group: str) -> ClusterMap | None:
+        """The cluster map group ``group``'s leader handed out (None while it rebalances)."""
+        if self._admin is None:
+            raise TransportError("kafka transport is not started")
+        return await read_cluster_map(self._admin, group, self._timeout_s)
+
+    def consumer(self, group: str, membership: Membership | None = None) -> KafkaLogConsumer:
         return KafkaLogConsumer(
             self._bootstrap,
             self._topic,
             group,
             request_timeout_s=self._timeout_s,
             client_id=self._client_id,
+            membership=membership,
         )
 
     async def __aenter__(self) -> KafkaLogTransport:

@@ -16,10 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from prme.schemas.cluster import static_map
 from prme.schemas.errors import ConfigurationError, TransportError
 
 from .partitioner import Partitioner
-from .transport import LogEntry, LogItem, PartitionsCallback, Position
+from .transport import LogEntry, LogItem, Membership, PartitionsCallback, Position
 
 T = TypeVar("T")
 
@@ -224,8 +225,8 @@ class LocalLogTransport:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(condition.wait_for(lambda: self._appends != seen), timeout_s)
 
-    def consumer(self, group: str) -> LocalLogConsumer:
-        return LocalLogConsumer(self)
+    def consumer(self, group: str, membership: Membership | None = None) -> LocalLogConsumer:
+        return LocalLogConsumer(self, membership)
 
     def _check_partition(self, partition: int) -> None:
         if not 0 <= partition < self._partitions:
@@ -238,15 +239,28 @@ class LocalLogTransport:
 
 
 class LocalLogConsumer:
-    """Every partition of a local log, read from positions the caller seeks to."""
+    """Every partition of a local log (or this process's static share of them), read from
+    positions the caller seeks to."""
 
-    def __init__(self, transport: LocalLogTransport) -> None:
+    def __init__(self, transport: LocalLogTransport, membership: Membership | None = None) -> None:
         self._transport = transport
+        self._membership = membership
         self._positions: dict[int, int] = {}
         self._on_revoked: PartitionsCallback | None = None
 
     async def start(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
         partitions = set(range(self._transport.partitions))
+        membership = self._membership
+        if membership is not None and membership.static_members:
+            cluster_map = static_map(list(membership.static_members), self._transport.partitions)
+            mine = cluster_map.member(membership.url)
+            if mine is None:
+                raise TransportError(
+                    f"{membership.url} is not one of the static members "
+                    f"{list(membership.static_members)}"
+                )
+            partitions = set(mine.partitions)
+            membership.on_map(cluster_map)
         self._positions = dict.fromkeys(partitions, 0)
         self._on_revoked = on_revoked
         await on_assigned(partitions)

@@ -7,9 +7,12 @@ and start at 0; ``Position`` is also the consistency token a writer gets back.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import msgspec
+
+from prme.schemas.cluster import ClusterMap, MemberClaim
 
 
 class Position(msgspec.Struct, frozen=True, order=True):
@@ -42,6 +45,19 @@ class LogEntry(msgspec.Struct, frozen=True):
 PartitionsCallback = Callable[[set[int]], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class Membership:
+    """How a consumer takes part in the cluster: on Kafka its claim rides in the group's
+    join and the leader's map comes back with the assignment; on the local log
+    ``static_members`` fix the split (process i owns the partitions p mod N == i)."""
+
+    url: str
+    claim: Callable[[], MemberClaim]
+    on_map: Callable[[ClusterMap], None]
+    standby_replicas: int = 0
+    static_members: Sequence[str] = ()
+
+
 @runtime_checkable
 class LogTransport(Protocol):
     """Append to and read from the partitioned log."""
@@ -72,8 +88,9 @@ class LogTransport(Protocol):
         """For each partition, the offset the next record will get."""
         ...
 
-    def consumer(self, group: str) -> LogConsumer:
-        """A consumer in ``group``: on Kafka a consumer-group member, locally all partitions."""
+    def consumer(self, group: str, membership: Membership | None = None) -> LogConsumer:
+        """A consumer in ``group``: on Kafka a consumer-group member, locally all partitions
+        (or this process's static share, when ``membership`` names the members)."""
         ...
 
 

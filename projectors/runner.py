@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from prme.producers.factory import open_vector_changelog
-from prme.producers.transport import LogConsumer, LogTransport
+from prme.producers.transport import LogConsumer, LogTransport, Membership
+from prme.schemas.cluster import ClusterMap, MemberClaim
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConsistencyTimeout, ShardUnavailable, TransportError
 from prme.schemas.metrics import Metrics, transport_label
@@ -60,8 +61,11 @@ class ProjectorRunner:
         batch_size: int = 256,
         vectors: VectorBackend | None = None,
         metrics: Metrics | None = None,
+        url: str = "",
     ) -> None:
-        """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name."""
+        """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name.
+        ``url``: where this node is reached, carried to the group with its claim (empty:
+        a worker that projects but serves nothing)."""
         self.settings = settings
         self.transport = transport
         self.provider = provider
@@ -84,6 +88,15 @@ class ProjectorRunner:
         self.restores: list[RestoreStats] = []
         """One entry per vector changelog restore this runner ran (partition, records, s)."""
         self.shards: dict[int, Shard] = {}
+        self.url = url
+        self.cluster_map: ClusterMap | None = None
+        """The newest map the group handed this member (None before the first one)."""
+        self._targets: dict[int, int] = {}
+        """Per assigned partition, the log end when it was assigned: it is served once
+        applied up to there (never stale data silently)."""
+        self._held: dict[int, int] = {}
+        """Partition -> applied offset of every shard this process held: its claim to the
+        leader, which keeps partitions where their state is."""
         self._consumed: dict[int, int] = {}
         self._consumer: LogConsumer | None = None
         self._progress = asyncio.Condition()
@@ -95,6 +108,7 @@ class ProjectorRunner:
         self._failure: BaseException | None = None
         self._stopping = False
         self._assigned = asyncio.Event()
+        self._owned_last: set[int] = set()
         self.dead_letter_count = 0
         self.dead_letters_by_partition: dict[int, int] = {}
 
@@ -105,7 +119,15 @@ class ProjectorRunner:
         self._data_dir.mkdir(parents=True, exist_ok=True)
         if self.changelog is not None:
             await self.changelog.start()
-        self._consumer = self.transport.consumer(self._group)
+        self._held = {p: -1 for p in existing_shards(self._data_dir)}
+        membership = Membership(
+            url=self.url,
+            claim=self._claim,
+            on_map=self._on_map,
+            standby_replicas=self.settings.cluster.standby_replicas,
+            static_members=self.settings.cluster.static_members,
+        )
+        self._consumer = self.transport.consumer(self._group, membership)
         await self._consumer.start(self._on_assigned, self._on_revoked)
         self._task = asyncio.create_task(self._run(), name="prme-projector")
 
@@ -129,10 +151,36 @@ class ProjectorRunner:
         if self._owns_vectors:
             self.vectors.close()
 
+    def _claim(self) -> MemberClaim:
+        generation = -1 if self.cluster_map is None else self.cluster_map.generation
+        for partition, shard in self.shards.items():
+            self._held[partition] = shard.position
+        owned = sorted(self._owned_last)
+        return MemberClaim(url=self.url, owned=owned, warm=dict(self._held), generation=generation)
+
+    def _on_map(self, cluster_map: ClusterMap) -> None:
+        self.cluster_map = cluster_map
+        mine = cluster_map.member(self.url) if self.url else None
+        self._owned_last = set(mine.partitions) if mine is not None else set(self.shards)
+        _log.info(
+            "cluster generation %d: %s",
+            cluster_map.generation,
+            {m.url or "(worker)": m.partitions for m in cluster_map.members},
+        )
+        self._wake()
+
+    def _wake(self) -> None:
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._progress:
+            self._progress.notify_all()
+
     async def _on_assigned(self, partitions: set[int]) -> None:
         if self._stopping:  # a rebalance can complete while the consumer is closing
             return
         _log.info("assigned partitions %s", sorted(partitions))
+        ends = await self.transport.end_offsets()
         for partition in sorted(partitions):
             if partition not in self.shards:
                 shard = Shard(
@@ -148,6 +196,8 @@ class ProjectorRunner:
                 self.shards[partition] = shard
             assert self._consumer is not None
             self._consumer.seek(partition, self.shards[partition].applied_offset() + 1)
+            self._targets[partition] = ends.get(partition, 0)
+        self._owned_last = set(self.shards)
         self._assigned.set()
         async with self._progress:
             self._progress.notify_all()
@@ -160,6 +210,9 @@ class ProjectorRunner:
                     await self._close_shard(partition)
 
     async def _close_shard(self, partition: int) -> None:
+        self._targets.pop(partition, None)
+        if partition in self.shards:
+            self._held[partition] = self.shards[partition].position
         self._consumed.pop(partition, None)
         if self.changelog is not None:
             self.changelog.forget(partition)
@@ -307,40 +360,94 @@ class ProjectorRunner:
         return max(applied + 1, self._consumed.get(partition, 0))
 
     async def catch_up(self, timeout_s: float = 60.0) -> None:
-        """Wait until every assigned shard has applied the log's current end.
+        """Wait until every partition assigned here has applied the log end it had when it
+        was assigned. Ownership is re-read as it goes: a partition lost in a rebalance
+        meanwhile is not waited on (its new owner catches it up), one gained is.
 
         On Kafka the first assignment can arrive after ``start`` returns: wait for it, or
         a shard still opening would be skipped."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
             await asyncio.wait_for(self._assigned.wait(), timeout_s)
         except TimeoutError as error:
             raise ConsistencyTimeout(f"no partitions assigned within {timeout_s:.1f}s") from error
         ends = await self.transport.end_offsets()
-        targets = {p: ends[p] for p in sorted(self.shards) if ends.get(p, 0) > 0}
-        behind = {p: end - self.next_offset(p) for p, end in targets.items()}
-        total = sum(max(0, n) for n in behind.values())
-        if total:
-            _log.info("catching up: %d records to apply in partitions %s", total, sorted(targets))
+
+        def behind() -> dict[int, int]:
+            goals = {p: max(ends.get(p, 0), self._targets.get(p, 0)) for p in self.shards}
+            gaps = {p: goal - self.next_offset(p) for p, goal in goals.items()}
+            return {p: gap for p, gap in gaps.items() if gap > 0}
+
+        started, first = time.monotonic(), sum(behind().values())
+        reported = started
+        if first:
+            _log.info("catching up: %d records to apply in partitions %s", first, sorted(behind()))
+        async with self._progress:
+            while (lagging := behind()) and self._failure is None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ConsistencyTimeout(
+                        f"partitions {sorted(lagging)} have not caught up within "
+                        f"{timeout_s:.1f}s ({sum(lagging.values())} records behind)"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._progress.wait(), min(remaining, PROGRESS_EVERY_S))
+                if time.monotonic() - reported >= PROGRESS_EVERY_S and (lagging := behind()):
+                    reported = time.monotonic()
+                    left = sum(lagging.values())
+                    _log.info(
+                        "catching up: %d records behind in partitions %s (%.0f records/s)",
+                        left,
+                        sorted(lagging),
+                        (first - left) / (reported - started),
+                    )
+        if self._failure is not None:
+            raise ShardUnavailable(f"the projector stopped: {self._failure!r}") from self._failure
+        if first:
+            elapsed = time.monotonic() - started
+            _log.info(
+                "caught up: %d records in %.1fs (%.0f records/s)",
+                first,
+                elapsed,
+                first / max(elapsed, 1e-9),
+            )
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Return after the next progress, assignment or map change (or ``timeout_s``)."""
+        async with self._progress:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), timeout_s)
+
+    def records_behind(self) -> int:
+        """Records still to apply before every assigned partition is served."""
+        return sum(
+            max(0, target - self.next_offset(p))
+            for p, target in self._targets.items()
+            if p in self.shards
+        )
+
+    def serving(self, partition: int) -> bool:
+        """Whether ``partition`` is assigned here and applied up to the log end it had when
+        it was assigned (until then its owner answers nothing rather than stale data)."""
+        target = self._targets.get(partition)
+        return (
+            target is not None and partition in self.shards and self._reached(partition, target - 1)
+        )
+
+    async def wait_serving(self, partition: int, timeout_s: float) -> bool:
+        """Wait until ``partition`` is served here; False if it is not assigned here (or
+        stops being) or the deadline passes first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        for partition, end in targets.items():
-            while True:
+        async with self._progress:
+            while not self.serving(partition):
                 remaining = deadline - loop.time()
-                try:
-                    await self.wait_applied(
-                        partition, end - 1, max(0.0, min(PROGRESS_EVERY_S, remaining))
-                    )
-                    break
-                except ConsistencyTimeout:
-                    if loop.time() >= deadline:
-                        raise ConsistencyTimeout(
-                            f"partition {partition} has not applied offset {end - 1} within "
-                            f"{timeout_s:.1f}s (applied: {self.applied_offset(partition)})"
-                        ) from None
-                    left = sum(max(0, e - self.next_offset(p)) for p, e in targets.items())
-                    _log.info("catching up: %d of %d records applied", total - left, total)
-        if total:
-            _log.info("caught up: %d records applied", total)
+                if partition not in self._targets or remaining <= 0 or self._failure:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._progress.wait(), remaining)
+        return True
 
     # -- read-your-writes --------------------------------------------------------------
 
@@ -391,7 +498,7 @@ class ProjectorRunner:
         if shard is None:
             raise ShardUnavailable(
                 f"owner {owner!r} lives in partition {partition}, which this process does not "
-                "project (routing across nodes is not implemented yet)"
+                "project"
             )
         await shard.ensure_open()
         return shard
@@ -513,6 +620,14 @@ class ProjectorRunner:
 
         await shard.run(_swap_models)
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def existing_shards(data_dir: Path) -> list[int]:
+    """Partitions with a shard directory under ``data_dir`` (state from an earlier run)."""
+    root = data_dir / "shards"
+    if not root.is_dir():
+        return []
+    return sorted(int(d.name[1:]) for d in root.iterdir() if d.is_dir() and d.name[1:].isdigit())
 
 
 def next_batch_size(size: int, polled: dict[int, list[Any]], base: int) -> int:

@@ -28,12 +28,22 @@ from prme.projectors.model import ModelName
 from prme.projectors.registry import MODEL_NAMES
 from prme.projectors.runner import ProjectorRunner
 from prme.schemas.config import Settings
-from prme.schemas.errors import ConfigurationError, Forbidden, InvalidInput, NotFound
+from prme.schemas.errors import (
+    ConfigurationError,
+    ConsistencyTimeout,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    ShardUnavailable,
+    WriteUnconfirmed,
+)
 from prme.schemas.metrics import Metrics
 from prme.schemas.records import Message, Record, memory_node_id
 from prme.schemas.tracing import Tracing
 
 from .backend import MemoryBackend
+from .cluster import ClusterRouter
+from .data_lock import DataDirLock
 from .http_types import RetrieveRequest, StoreRequest
 from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
 from .retrieve import Retriever
@@ -51,8 +61,13 @@ class MemoryEngine(MemoryBackend):
         transport: LogTransport,
         runner: ProjectorRunner,
         dead_letters: LogTransport,
+        router: ClusterRouter | None = None,
+        data_lock: DataDirLock | None = None,
     ) -> None:
         self.settings = settings
+        self.router = router
+        """How requests for partitions another node owns get there (a served node only)."""
+        self._data_lock = data_lock
         self.provider = provider
         self.embedding_config = embedding_config_of(provider)
         self._transport = transport
@@ -75,13 +90,15 @@ class MemoryEngine(MemoryBackend):
         settings: Settings | None = None,
         embedding_provider: EmbeddingProvider | None = None,
         metrics: Metrics | None = None,
+        url: str | None = None,
     ) -> Self:
         """Create a new pack in ``directory`` (refused if one is there). ``metrics``: the
-        instruments (and tracing) to record into; default, built from ``settings``."""
+        instruments (and tracing) to record into; default, built from ``settings``.
+        ``url``: where this node is served (a cluster member routes to the others)."""
         settings = _settings_for(directory, settings)
         if load_pack_config(settings.data_path) is not None:
             raise ConfigurationError(f"{settings.data_dir} already holds a PRME pack: use open()")
-        return await cls._start(settings, embedding_provider, metrics)
+        return await cls._start(settings, embedding_provider, metrics, url)
 
     @classmethod
     async def open(
@@ -92,16 +109,44 @@ class MemoryEngine(MemoryBackend):
         embedding_provider: EmbeddingProvider | None = None,
         create_if_missing: bool = False,
         metrics: Metrics | None = None,
+        url: str | None = None,
+        catch_up: bool = True,
     ) -> Self:
-        """Open the pack in ``directory`` (created when missing and ``create_if_missing``)."""
+        """Open the pack in ``directory`` (created when missing and ``create_if_missing``).
+        ``url``: where this node is served; ``catch_up=False`` returns before the assigned
+        partitions have caught up (each is served once it has: ``runner.serving``)."""
         settings = _settings_for(directory, settings)
         if load_pack_config(settings.data_path) is None and not create_if_missing:
             raise ConfigurationError(f"no PRME pack in {settings.data_dir}: use create()")
-        return await cls._start(settings, embedding_provider, metrics)
+        return await cls._start(settings, embedding_provider, metrics, url, catch_up)
 
     @classmethod
     async def _start(
-        cls, settings: Settings, provider: EmbeddingProvider | None, metrics: Metrics | None
+        cls,
+        settings: Settings,
+        provider: EmbeddingProvider | None,
+        metrics: Metrics | None,
+        url: str | None = None,
+        catch_up: bool = True,
+    ) -> Self:
+        data_dir = settings.data_path
+        data_dir.mkdir(parents=True, exist_ok=True)
+        lock = DataDirLock.acquire(data_dir)
+        try:
+            return await cls._start_locked(settings, provider, metrics, url, catch_up, lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    async def _start_locked(
+        cls,
+        settings: Settings,
+        provider: EmbeddingProvider | None,
+        metrics: Metrics | None,
+        url: str | None,
+        catch_up: bool,
+        lock: DataDirLock,
     ) -> Self:
         data_dir = settings.data_path
         saved = load_pack_config(data_dir)
@@ -132,16 +177,39 @@ class MemoryEngine(MemoryBackend):
             provider,
             dead_letters=dead_letters,
             metrics=metrics or metrics_from(settings),
+            url=url or "",
+            group=settings.cluster.group,
         )
-        await runner.start()
-        await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
-        return cls(settings, provider, transport, runner, dead_letters)
+        router = None
+        if url is not None:
+            router = ClusterRouter(settings, runner, transport, runner.metrics, url=url)
+        try:
+            if settings.cluster.project:
+                await runner.start()
+                if catch_up:
+                    await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
+            if router is not None:
+                await router.start()
+        except BaseException:
+            if router is not None:
+                await router.close()
+            await runner.close()
+            await dead_letters.close()
+            await transport.close()
+            raise
+        return cls(settings, provider, transport, runner, dead_letters, router, lock)
 
     async def close(self) -> None:
         """Stop projecting and release files and connections (never the provider)."""
-        await self.runner.close()
-        await self._dead_letters.close()
-        await self._transport.close()
+        try:
+            if self.router is not None:
+                await self.router.close()
+            await self.runner.close()
+            await self._dead_letters.close()
+            await self._transport.close()
+        finally:
+            if self._data_lock is not None:
+                self._data_lock.release()
 
     async def __aenter__(self) -> Self:
         return self
@@ -205,8 +273,20 @@ class MemoryEngine(MemoryBackend):
             for receipt, record in zip(receipts, records, strict=True)
         ]
         if wait:
-            await self.wait_for([result.token for result in results])
+            await self._confirm(results)
         return results
+
+    async def _confirm(self, results: list[StoreResult]) -> None:
+        """Wait for appended records to be applied; a failed wait says what was written."""
+        try:
+            await self.wait_for([result.token for result in results])
+        except (ConsistencyTimeout, ShardUnavailable) as error:
+            tokens = ", ".join(f"{r.token.partition}:{r.token.offset}" for r in results)
+            raise WriteUnconfirmed(
+                f"written to the log (tokens {tokens}) but not yet applied: {error}. The "
+                "write will be applied; a retry with the same request_id writes nothing",
+                written=list(results),
+            ) from error
 
     async def delete_message(
         self, user_id: str, event_id: str, *, wait: bool = True
@@ -256,7 +336,7 @@ class MemoryEngine(MemoryBackend):
     async def _finish(self, receipt: AppendReceipt, node_ids: list[str], wait: bool) -> StoreResult:
         result = StoreResult(event_id=receipt.event_id, node_ids=node_ids, token=receipt.position)
         if wait:
-            await self.wait_for([result.token])
+            await self._confirm([result])
         return result
 
     # -- reading -----------------------------------------------------------------------
@@ -268,7 +348,10 @@ class MemoryEngine(MemoryBackend):
         for token in tokens:
             latest[token.partition] = max(latest.get(token.partition, -1), token.offset)
         for partition, offset in latest.items():
-            await self.runner.wait_applied(partition, offset, timeout)
+            if self.router is not None and partition not in self.runner.shards:
+                await self.router.wait_applied(partition, offset, timeout)
+            else:
+                await self.runner.wait_applied(partition, offset, timeout)
 
     async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
         """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""

@@ -207,14 +207,15 @@ class HttpMemoryBackend(MemoryBackend):
         except httpx.HTTPError as error:
             raise TransportError(f"{method} {path}: {error}") from error
         if response.is_error:
-            raise _error_of(response)
+            raise error_from_response(response)
         try:
             return msgspec.json.decode(response.content, type=result)
         except msgspec.DecodeError as error:
             raise TransportError(f"{method} {path}: unexpected response ({error})") from error
 
 
-def _error_of(response: httpx.Response) -> PRMEError:
+def error_from_response(response: httpx.Response) -> PRMEError:
+    """The exception an error response of a PRME node stands for."""
     try:
         body = msgspec.json.decode(response.content, type=ErrorBody)
         kind, detail = body.error, body.detail

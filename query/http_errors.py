@@ -14,6 +14,7 @@ from prme.schemas.errors import (
     ShardUnavailable,
     TransportError,
     Unauthenticated,
+    WriteUnconfirmed,
 )
 
 ERROR_STATUS: list[tuple[type[PRMEError], int, str]] = [
@@ -21,6 +22,7 @@ ERROR_STATUS: list[tuple[type[PRMEError], int, str]] = [
     (Forbidden, 403, "forbidden"),
     (NotFound, 404, "not_found"),
     (InvalidInput, 400, "invalid_input"),
+    (WriteUnconfirmed, 504, "write_unconfirmed"),
     (ConsistencyTimeout, 504, "consistency_timeout"),
     (ShardUnavailable, 503, "shard_unavailable"),
     (TransportError, 503, "transport_unavailable"),

@@ -13,6 +13,7 @@ import msgspec
 
 from prme.producers.producer import MessageDraft, check_history
 from prme.producers.transport import Position
+from prme.schemas.cluster import ClusterMember
 from prme.schemas.errors import InvalidInput
 from prme.schemas.records import Role
 
@@ -170,6 +171,33 @@ class ErrorBody(msgspec.Struct, frozen=True):
 
     error: str
     detail: str
+
+
+class WaitRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/cluster/wait`` (node to node): return once ``partition`` has applied
+    ``offset`` on the node that owns it (read-your-writes for a write another node
+    appended)."""
+
+    partition: int
+    offset: int
+    timeout_s: float
+
+
+class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
+    """``GET /v1/cluster``: the map this node routes with, and what it serves itself."""
+
+    node: str | None
+    """This node's advertised URL (None: not a served node)."""
+    partitions: int
+    generation: int | None
+    """The map's generation (None before the group handed one out)."""
+    members: list[ClusterMember]
+    """Every node: its URL, the partitions it owns and those it keeps as standbys (a
+    ``prme project`` worker has an empty URL: it projects, it serves nothing)."""
+    owned: list[int]
+    """Partitions this node owns now."""
+    serving: list[int]
+    """Of those, the ones caught up and answering (the rest are being restored)."""
 
 
 class Health(msgspec.Struct, frozen=True):

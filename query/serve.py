@@ -2,14 +2,15 @@
 close it on shutdown.
 
 On the embedded default this process projects every partition. With Kafka it projects the
-partitions its consumer group assigns; requests for other owners get a 503
-(``shard_unavailable``) naming the partition.
+partitions its consumer group assigns and forwards requests for other owners to the node
+that owns them (``query/cluster.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from collections.abc import Sequence
@@ -22,6 +23,8 @@ from prme.schemas.config import Settings
 from .auth import check_bind_safety
 from .engine import MemoryEngine
 from .service import create_app
+
+log = logging.getLogger("prme.serve")
 
 
 async def run_server(
@@ -39,9 +42,17 @@ async def run_server(
     non-loopback address without API keys.
     """
     check_bind_safety(settings.service, sockets or ())
+    url = advertised_url(settings, sockets)
+    # Listening while catching up: /v1/ready says how far; a request for a partition
+    # still catching up waits for it (bounded), then answers 503 with Retry-After.
     engine = await MemoryEngine.open(
-        settings=settings, embedding_provider=embedding_provider, create_if_missing=True
+        settings=settings,
+        embedding_provider=embedding_provider,
+        create_if_missing=True,
+        url=url,
+        catch_up=False,
     )
+    catching_up = asyncio.create_task(_catch_up(engine), name="prme-catch-up")
     try:
         config = uvicorn.Config(
             create_app(engine, settings),
@@ -63,7 +74,35 @@ async def run_server(
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
     finally:
+        catching_up.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await catching_up
         await engine.close()
+
+
+def advertised_url(settings: Settings, sockets: Sequence[socket.socket] | None = None) -> str:
+    """Where other nodes and clients reach this node: ``cluster.advertised_url``, else the
+    address it listens on."""
+    if settings.cluster.advertised_url:
+        return settings.cluster.advertised_url.rstrip("/")
+    if sockets:
+        host, port = sockets[0].getsockname()[:2]
+    else:
+        host, port = settings.service.host, settings.service.port
+    if ":" in str(host):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+async def _catch_up(engine: MemoryEngine) -> None:
+    """Catch up in the background, logging progress (the runner's lines); a partition
+    gained later is caught up by the runner itself and served once it has."""
+    if not engine.settings.cluster.project:
+        return
+    try:
+        await engine.runner.catch_up(timeout_s=24 * 3600.0)
+    except Exception as error:
+        log.warning("catching up stopped: %s", error)
 
 
 def _tcp_sockets(sockets: Sequence[socket.socket]) -> list[socket.socket]:

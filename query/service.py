@@ -24,15 +24,24 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from prme.projectors.status import partition_statuses
 from prme.schemas.config import Settings
-from prme.schemas.errors import InvalidInput, PRMEError, ShardUnavailable
+from prme.schemas.errors import (
+    InvalidInput,
+    PRMEError,
+    ShardUnavailable,
+    Unauthenticated,
+    WriteUnconfirmed,
+)
 from prme.schemas.records import Message
 
 from .auth import ApiKeys, Caller
+from .cluster import NOT_OWNER_HEADER, NotOwner
 from .engine import MemoryEngine
+from .forwarding import ForwardingMiddleware
 from .http_errors import HTTP_KINDS, status_of
 from .http_types import (
     ArchiveRequest,
     ClearHistoryRequest,
+    ClusterView,
     ErrorBody,
     Health,
     HistoryWriteRequest,
@@ -44,6 +53,7 @@ from .http_types import (
     StoreManyRequest,
     StoreRequest,
     SupersedeRequest,
+    WaitRequest,
     parse_token,
 )
 from .observe import CALLER_STATE, RequestObserver, metrics_endpoint, status_endpoint
@@ -66,11 +76,15 @@ class StrictBody(MsgspecDTO[T], Generic[T]):
 
 
 async def provide_caller(
-    request: Request[Any, Any, Any], api_keys: NamedDependency[ApiKeys]
+    request: Request[Any, Any, Any], api_keys: NamedDependency[ApiKeys], engine: EngineDep
 ) -> Caller:
-    caller = api_keys.authenticate(
-        request.headers.get("authorization"), request.headers.get("x-api-key")
-    )
+    hop = None if engine.router is None else engine.router.check_forwarded(request.headers)
+    if hop is not None:  # forwarded by a node that authenticated the key: act for its caller
+        caller = Caller(hop)
+    else:
+        caller = api_keys.authenticate(
+            request.headers.get("authorization"), request.headers.get("x-api-key")
+        )
     request.state[CALLER_STATE] = caller  # the access log hashes the owners it acted for
     return caller
 
@@ -89,15 +103,20 @@ async def health() -> Health:
     return Health(status="ok")
 
 
-@get("/ready", summary="Readiness: the projector is running", tags=["service"])
+@get("/ready", summary="Readiness: projecting, and caught up", tags=["service"])
 async def ready(engine: EngineDep) -> Response[Readiness]:
     runner = engine.runner
     shards = dict(runner.shards)
     lag = sum(s.lag_records for s in await partition_statuses(runner))
-    detail = "projecting"
-    ok = bool(shards)
-    if not ok:
-        detail = "no partitions assigned to this process yet"
+    ok, detail = True, "projecting"
+    if not engine.settings.cluster.project:
+        cluster_map = None if engine.router is None else engine.router.cluster_map
+        ok = cluster_map is not None
+        detail = "routing (serve-only)" if ok else "no cluster map from the group yet"
+    elif not shards:
+        ok, detail = False, "no partitions assigned to this process yet"
+    elif behind := runner.records_behind():
+        ok, detail = False, f"catching up: {behind} records behind"
     else:
         try:
             # Returns at once for an applied offset; raises if the projector has stopped.
@@ -259,6 +278,9 @@ async def retrieve(
 ) -> RetrieveReply:
     caller.authorize(data.user_id)
     response = await engine.retrieve_request(data)
+    if engine.router is not None:
+        receipt = msgspec.structs.replace(response.receipt, served_by=engine.router.url)
+        response = msgspec.structs.replace(response, receipt=receipt)
     bundle = RenderedBundle(
         **msgspec.structs.asdict(response.bundle), text=response.bundle.render()
     )
@@ -302,21 +324,73 @@ async def get_event_nodes(
     return await engine.get_event_nodes(event_id, user_id)
 
 
+# -- cluster --------------------------------------------------------------------------
+
+
+@get("/cluster", summary="The cluster map: which node owns each partition", tags=["cluster"])
+async def cluster(engine: EngineDep) -> ClusterView:
+    router = engine.router
+    cluster_map = None if router is None else router.cluster_map
+    here = engine.runner
+    return ClusterView(
+        node=router.url if router is not None else None,
+        partitions=engine.settings.log.partitions,
+        generation=None if cluster_map is None else cluster_map.generation,
+        members=[] if cluster_map is None else list(cluster_map.members),
+        owned=sorted(here.shards),
+        serving=sorted(p for p in here.shards if here.serving(p)),
+    )
+
+
+@post(
+    "/cluster/wait",
+    dto=StrictBody[WaitRequest],
+    return_dto=None,
+    status_code=200,
+    summary="Node to node: return once this node has applied a partition's offset",
+    tags=["cluster"],
+)
+async def cluster_wait(
+    request: Request[Any, Any, Any], data: JSONBody[WaitRequest], engine: EngineDep
+) -> Health:
+    if engine.router is None or engine.router.check_forwarded(request.headers) is None:
+        raise Unauthenticated("POST /v1/cluster/wait is for the nodes of a cluster")
+    if data.partition not in engine.runner.shards:
+        raise NotOwner(f"{engine.router.url} does not own partition {data.partition}")
+    timeout = min(data.timeout_s, engine.settings.query.consistency_timeout_s * 3)
+    await engine.runner.wait_applied(data.partition, data.offset, max(0.0, timeout))
+    return Health(status="applied")
+
+
 # -- errors ---------------------------------------------------------------------------
 
 
-def _error(status: int, kind: str, detail: str) -> Response[ErrorBody]:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return Response(ErrorBody(kind, detail), status_code=status, headers=headers)
+def _error(
+    status: int, kind: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
+) -> Response[Any]:
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    body: Any = ErrorBody(kind, detail)
+    if extra:
+        body = {**msgspec.structs.asdict(body), **extra}
+    return Response(body, status_code=status, headers=headers or None)
 
 
-def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
+def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[Any]:
     known = status_of(error) if isinstance(error, PRMEError) else None
     if known is not None:
         status, kind = known
         if status >= 500:
             log.warning("request failed: %s", error)
-        return _error(status, kind, str(error))
+        headers: dict[str, str] = {}
+        if isinstance(error, ShardUnavailable):
+            headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+        if isinstance(error, NotOwner):
+            headers[NOT_OWNER_HEADER] = "1"
+        if isinstance(error, WriteUnconfirmed):
+            return _error(status, kind, str(error), headers, written=error.written)
+        return _error(status, kind, str(error), headers)
     log.exception("unexpected PRME error", exc_info=error)
     return _error(500, "internal", str(error))
 
@@ -373,6 +447,7 @@ PROTECTED = [
     history,
     get_event,
     get_event_nodes,
+    cluster_wait,
 ]
 
 
@@ -390,10 +465,20 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
         dependencies={"caller": Provide(provide_caller)},
         security=security,
     )
-    open_routes = Router("/v1", route_handlers=[health, ready])
+    open_routes = Router("/v1", route_handlers=[health, ready, cluster])
+    middleware = [DefineMiddleware(RequestObserver, metrics=engine.metrics)]
+    if engine.router is not None:
+        middleware.append(
+            DefineMiddleware(
+                ForwardingMiddleware,
+                router=engine.router,
+                api_keys=api_keys,
+                timeout_s=settings.query.consistency_timeout_s,
+            )
+        )
     return Litestar(
         route_handlers=[protected, open_routes, metrics_endpoint, status_endpoint],
-        middleware=[DefineMiddleware(RequestObserver, metrics=engine.metrics)],
+        middleware=middleware,
         logging_config=None,  # logging is the process's to configure (prme.logs), not the app's
         dependencies={
             "engine": Provide(lambda: engine, use_cache=True, sync_to_thread=False),

@@ -98,6 +98,8 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     embedding: EmbeddingInfo
     analysis: dict[str, Any]
     elapsed_ms: float
+    served_by: str | None = None
+    """The node that ran the retrieval (its advertised URL), in a served cluster."""
 
 
 class RetrieveResponse(msgspec.Struct, frozen=True, kw_only=True):

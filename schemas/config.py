@@ -128,6 +128,29 @@ class McpSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Recall receipts kept in memory for ``prme://receipts/{id}`` (oldest dropped first)."""
 
 
+class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Several nodes serving one log (docs/ARCHITECTURE.md "Cluster")."""
+
+    advertised_url: str | None = None
+    """The URL other nodes and clients reach this node at; unset: ``http://host:port``."""
+    secret: str | None = None
+    """Shared by the nodes of a cluster: forwarded requests carry it, and a node refuses a
+    forwarded request without it (401). Without one a node neither forwards nor accepts."""
+    group: str = "prme-projectors"
+    """The Kafka consumer group whose members split the partitions."""
+    project: bool = True
+    """False: a serve-only node (``--no-project``) that appends writes and routes every
+    read to the partition's owner, reading the map from the group."""
+    standby_replicas: int = 0
+    """Warm copies of each partition kept by other members, applied continuously; the
+    assignor hands a moved partition to its most caught-up standby."""
+    static_members: list[str] = []
+    """The embedded local log only (``prme serve --processes N``): every process's URL;
+    process i owns the partitions p with p mod N == i."""
+    forward_timeout_s: float = 30.0
+    """Bound on one forwarded request (connect, read, write)."""
+
+
 class MetricsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = True
     """Record Prometheus metrics (served at ``GET /metrics``); off, nothing is recorded."""
@@ -150,6 +173,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     limits: LimitsSettings = LimitsSettings()
     service: ServiceSettings = ServiceSettings()
     mcp: McpSettings = McpSettings()
+    cluster: ClusterSettings = ClusterSettings()
     metrics: MetricsSettings = MetricsSettings()
     tracing: TracingSettings = TracingSettings()
 

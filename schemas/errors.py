@@ -43,8 +43,22 @@ class ConsistencyTimeout(PRMEError, TimeoutError):
     """A read waited for a consistency token longer than its deadline."""
 
 
+class WriteUnconfirmed(ConsistencyTimeout):
+    """Records were appended to the log, but waiting for them to be applied timed out.
+
+    ``written`` holds what was appended (ids and consistency tokens): the write is on the
+    log and will be applied; a retry with the same ``request_id`` writes nothing."""
+
+    def __init__(self, message: str, written: list[object] | None = None) -> None:
+        super().__init__(message)
+        self.written = written or []
+
+
 class ShardUnavailable(PRMEError):
-    """The owner's partition is not projected by this process."""
+    """The owner's partition is not projected by this process (or not yet served)."""
+
+    retry_after_s: float = 1.0
+    """How long a client should wait before asking again (HTTP ``Retry-After``)."""
 
 
 class EmbeddingMismatch(PRMEError):
@@ -53,6 +67,10 @@ class EmbeddingMismatch(PRMEError):
 
 class ConfigurationError(PRMEError, ValueError):
     """Settings or a saved pack configuration are inconsistent."""
+
+
+class DataDirInUse(ConfigurationError):
+    """Another process holds the data directory (one process opens a pack at a time)."""
 
 
 class InvalidEmbedding(PRMEError, ValueError):

@@ -131,6 +131,18 @@ class Metrics:
         self.http_in_flight = gauge(
             "prme_http_requests_in_flight", "HTTP requests being served now"
         )
+        # -- cluster -----------------------------------------------------------------
+        self.cluster_forwards = counter(
+            "prme_cluster_forwards",
+            "Requests (and read-your-writes waits) sent to the node that owns the owner's "
+            "partition, by outcome: forwarded, not_owner (retried), unreachable (retried)",
+            ("outcome",),
+        )
+        self.cluster_partitions = gauge(
+            "prme_cluster_owned_partitions",
+            "Partitions this node owns (serves and projects), and those it keeps as standbys",
+            ("role",),
+        )
         # -- retrieval ---------------------------------------------------------------
         self.retrieve_duration = histogram(
             "prme_retrieve_duration_seconds",

@@ -1,0 +1,170 @@
+"""Cluster membership through the consumer group itself (Kafka Streams' pattern): each
+member's subscription carries its URL and the shards it holds; the group leader's assignor
+plans owners (sticky, balanced, warm copies first) and standbys, and hands every member the
+whole map in its assignment. No second coordination service: a node that is not in the
+group reads the same map from the group's description (``read_cluster_map``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+import msgspec
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from prme.schemas.cluster import ClusterMap, ClusterMember, MemberClaim
+
+from .kafka_common import bounded
+
+ASSIGNOR_NAME = "prme-cluster"
+_log = logging.getLogger("prme.cluster")
+_claims = msgspec.json.Decoder(MemberClaim)
+_maps = msgspec.json.Decoder(ClusterMap)
+
+
+def plan_cluster(
+    claims: Mapping[str, MemberClaim], partitions: Iterable[int], standby_replicas: int = 0
+) -> dict[str, ClusterMember]:
+    """Owners and standbys per member id: balanced (counts differ by at most one), a
+    member keeps the partitions it owned, a partition that must move goes to the member
+    with the most caught-up copy of it (a standby), then to the least loaded member.
+    A member with an empty URL (a ``prme project`` worker) projects but is not routed to."""
+    ordered = sorted(claims, key=lambda m: (claims[m].url, m))
+    todo = sorted(set(partitions))
+    if not ordered:
+        return {}
+    base, extra = divmod(len(todo), len(ordered))
+    # Members that own more today get the larger quotas, so fewer partitions move.
+    by_holding = sorted(ordered, key=lambda m: (-len(claims[m].owned), claims[m].url, m))
+    quota = {m: base + (1 if i < extra else 0) for i, m in enumerate(by_holding)}
+    owned: dict[str, list[int]] = {m: [] for m in ordered}
+    free = set(todo)
+    for member in ordered:
+        for partition in sorted(claims[member].owned):
+            if partition in free and len(owned[member]) < quota[member]:
+                owned[member].append(partition)
+                free.discard(partition)
+    for partition in sorted(free):
+        roomy = [m for m in ordered if len(owned[m]) < quota[m]]
+        best = max(
+            roomy,
+            key=lambda m: (claims[m].warm.get(partition, -1), -len(owned[m]), claims[m].url),
+        )
+        owned[best].append(partition)
+    standbys: dict[str, list[int]] = {m: [] for m in ordered}
+    replicas = min(standby_replicas, len(ordered) - 1)
+    for partition in todo:
+        owner = next(m for m in ordered if partition in owned[m])
+        others = [m for m in ordered if m != owner]
+        others.sort(
+            key=lambda m: (
+                -claims[m].warm.get(partition, -1),
+                len(standbys[m]) + len(owned[m]),
+                claims[m].url,
+            )
+        )
+        for member in others[:replicas]:
+            standbys[member].append(partition)
+    return {
+        m: ClusterMember(
+            url=claims[m].url, partitions=sorted(owned[m]), standbys=sorted(standbys[m])
+        )
+        for m in ordered
+    }
+
+
+class ClusterAssignor(AbstractPartitionAssignor):
+    """The aiokafka assignor of a PRME node. Every member of the group must use it (the
+    group refuses members that share no assignor)."""
+
+    version = 0
+
+    def __init__(
+        self,
+        topic: str,
+        claim: Callable[[], MemberClaim],
+        on_map: Callable[[ClusterMap], None],
+        standby_replicas: int = 0,
+    ) -> None:
+        self._topic = topic
+        self._claim = claim
+        self._on_map = on_map
+        self._standby_replicas = standby_replicas
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return ASSIGNOR_NAME
+
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:  # type: ignore[override]
+        return ConsumerProtocolMemberMetadata(
+            self.version, list(topics), msgspec.json.encode(self._claim())
+        )
+
+    def assign(  # type: ignore[override]
+        self, cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
+    ) -> dict[str, ConsumerProtocolMemberAssignment]:
+        claims: dict[str, MemberClaim] = {}
+        for member_id, metadata in members.items():
+            try:
+                claims[member_id] = _claims.decode(metadata.user_data)
+            except msgspec.DecodeError:  # a member of an older PRME: a worker, no URL
+                claims[member_id] = MemberClaim(url="")
+        partitions = sorted(cluster.partitions_for_topic(self._topic) or ())
+        planned = plan_cluster(claims, partitions, self._standby_replicas)
+        generation = max((c.generation for c in claims.values()), default=-1) + 1
+        cluster_map = ClusterMap(
+            generation=generation,
+            partitions=len(partitions),
+            members=sorted(planned.values(), key=lambda m: m.url),
+        )
+        encoded = msgspec.json.encode(cluster_map)
+        _log.info(
+            "planned generation %d: %s",
+            generation,
+            {m.url: m.partitions for m in cluster_map.members},
+        )
+        return {
+            member_id: ConsumerProtocolMemberAssignment(
+                self.version, [(self._topic, planned[member_id].partitions)], encoded
+            )
+            for member_id in members
+        }
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
+        try:
+            cluster_map = _maps.decode(assignment.user_data)
+        except msgspec.DecodeError:
+            _log.warning("an assignment without a cluster map: is every member a PRME node?")
+            return
+        self._on_map(cluster_map)
+
+
+async def read_cluster_map(
+    admin: AIOKafkaAdminClient, group: str, timeout_s: float
+) -> ClusterMap | None:
+    """The map the group's leader handed out, from the group's description (for a node that
+    routes without being a member); None while the group is rebalancing or empty."""
+    responses = await bounded(admin.describe_consumer_groups([group]), timeout_s, "describe group")
+    newest: ClusterMap | None = None
+    for response in responses:
+        for described in response.to_object()["groups"]:
+            if described.get("state") != "Stable":
+                return None
+            for member in described["members"]:
+                raw = member["member_assignment"]
+                if not raw:
+                    continue
+                try:
+                    user_data = ConsumerProtocolMemberAssignment.decode(raw).user_data
+                    candidate = _maps.decode(user_data)
+                except (msgspec.DecodeError, ValueError, TypeError):
+                    continue
+                if newest is None or candidate.generation > newest.generation:
+                    newest = candidate
+    return newest

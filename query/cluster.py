@@ -1,0 +1,282 @@
+"""Routing in a cluster: which node answers an owner, and how a request gets there.
+
+Kafka Streams calls this interactive queries. The consumer group decides who owns each
+partition (``producers/kafka_membership.py``); every node keeps the map, serves the
+partitions it owns, forwards a read for any other owner to that owner's node, and forwards
+the *wait* of a write it appended itself (read-your-writes). During a rebalance a request
+waits for the new owner, bounded by ``query.consistency_timeout_s``, then answers 503 with
+``Retry-After``. A forwarded request carries the cluster secret and the caller the entry
+node authenticated; the owner's node checks the secret and authorizes that caller again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import Mapping
+
+import httpx
+import msgspec
+
+from prme.producers.transport import LogTransport
+from prme.projectors.runner import ProjectorRunner
+from prme.schemas.cluster import ClusterMap, static_map
+from prme.schemas.config import Settings
+from prme.schemas.errors import (
+    ConsistencyTimeout,
+    ShardUnavailable,
+    TransportError,
+    Unauthenticated,
+)
+from prme.schemas.metrics import Metrics
+
+from .http_client import error_from_response
+from .http_types import WaitRequest
+
+SECRET_HEADER = "x-prme-cluster-secret"
+CALLER_HEADER = "x-prme-forwarded-caller"
+"""The owner (or ``*``) whose key the entry node authenticated."""
+SERVED_BY_HEADER = "x-prme-served-by"
+FORWARDED_BY_HEADER = "x-prme-forwarded-by"
+"""On a response: the entry node forwarded the request (one hop more than needed)."""
+NOT_OWNER_HEADER = "x-prme-not-owner"
+"""On a 503: this node does not own the partition (any more); ask the map again."""
+MAP_POLL_S = 0.5
+"""How often a serve-only node re-reads the map while a request waits on a rebalance."""
+MAP_REFRESH_S = 5.0
+"""How often a serve-only node re-reads the map otherwise."""
+_log = logging.getLogger("prme.cluster")
+
+
+class NotOwner(ShardUnavailable):
+    """This node does not own the partition; the map is changing (503, Retry-After)."""
+
+
+class ClusterRouter:
+    """The map this node routes with, and the forwarding it does."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        runner: ProjectorRunner,
+        transport: LogTransport,
+        metrics: Metrics,
+        *,
+        url: str,
+    ) -> None:
+        self.settings = settings
+        self.url = url
+        self.runner = runner
+        self.transport = transport
+        self.metrics = metrics
+        self._secret = settings.cluster.secret
+        self._polled: ClusterMap | None = None
+        self._changed = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+        self._urgent = asyncio.Event()
+        timeout = settings.cluster.forward_timeout_s
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+            limits=httpx.Limits(max_keepalive_connections=64, max_connections=256),
+        )
+
+    async def start(self) -> None:
+        members = list(self.settings.cluster.static_members)
+        if members:
+            self._polled = static_map(members, self.transport.partitions)
+        elif not self.settings.cluster.project and hasattr(self.transport, "cluster_map"):
+            await self._poll_once()
+            self._poller = asyncio.create_task(self._poll(), name="prme-cluster-map")
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        await self._http.aclose()
+
+    # -- the map -----------------------------------------------------------------------
+
+    @property
+    def cluster_map(self) -> ClusterMap | None:
+        """The newest map this node knows: its own (a member) or the group's (serve-only)."""
+        own = self.runner.cluster_map
+        if self._polled is None:
+            return own
+        if own is None or self._polled.generation > own.generation:
+            return self._polled
+        return own
+
+    def partition_of(self, owner: str) -> int:
+        return self.transport.partition_for(owner.encode())
+
+    def owns(self, partition: int) -> bool:
+        return partition in self.runner.shards
+
+    async def _poll_once(self) -> None:
+        try:
+            found = await self.transport.cluster_map(self.settings.cluster.group)  # type: ignore[attr-defined]
+        except (TransportError, OSError) as error:
+            _log.warning("cluster map unavailable: %s", error)
+            return
+        if found is not None and (self._polled is None or found != self._polled):
+            self._polled = found
+            self._changed.set()
+
+    async def _poll(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._urgent.wait(), MAP_REFRESH_S)
+            self._urgent.clear()
+            await self._poll_once()
+
+    async def _await_change(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for the map or this node's assignment to change."""
+        if timeout_s <= 0:
+            return
+        self._changed.clear()
+        self._urgent.set()
+        waiters = [
+            asyncio.ensure_future(self.runner.wait_changed(timeout_s)),
+            asyncio.ensure_future(self._changed.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=min(timeout_s, MAP_POLL_S))
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def resolve(self, partition: int, timeout_s: float) -> str | None:
+        """None when ``partition`` is served here (waiting until it has caught up), else
+        the URL of the node that owns it; NotOwner once ``timeout_s`` passes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            remaining = deadline - loop.time()
+            if self.owns(partition):
+                if await self.runner.wait_serving(partition, remaining):
+                    return None
+                if not self.owns(partition):
+                    continue
+                raise NotOwner(
+                    f"partition {partition} is being restored on this node and did not catch "
+                    f"up within {timeout_s:.1f}s"
+                )
+            cluster_map = self.cluster_map
+            owner = None if cluster_map is None else cluster_map.owner(partition)
+            if owner and owner != self.url:
+                return owner
+            if remaining <= 0:
+                if owner == "":
+                    raise NotOwner(
+                        f"partition {partition} is projected by a `prme project` worker, which "
+                        "serves no requests: give it an advertised URL (`prme serve`)"
+                    )
+                raise NotOwner(
+                    f"no node serves partition {partition} yet (the group is rebalancing); "
+                    f"waited {timeout_s:.1f}s"
+                )
+            await self._await_change(remaining)
+
+    # -- forwarding --------------------------------------------------------------------
+
+    def check_forwarded(self, headers: Mapping[str, str]) -> str | None:
+        """The caller a forwarded request names, after checking its cluster secret
+        (Unauthenticated without a valid one); None for a request from a client."""
+        caller = headers.get(CALLER_HEADER)
+        presented = headers.get(SECRET_HEADER)
+        if caller is None and presented is None:
+            return None
+        if not self._secret or presented is None:
+            raise Unauthenticated(
+                "a forwarded request needs the cluster secret (PRME_CLUSTER__SECRET)"
+            )
+        if not hmac.compare_digest(presented.encode(), self._secret.encode()):
+            raise Unauthenticated("wrong cluster secret on a forwarded request")
+        if caller is None:
+            raise Unauthenticated("a forwarded request must name its caller")
+        return caller
+
+    def _hop_headers(self, caller: str) -> dict[str, str]:
+        if not self._secret:
+            raise NotOwner(
+                "this node would forward the request to the partition's owner, but "
+                "PRME_CLUSTER__SECRET is not set (the nodes of a cluster share one)"
+            )
+        return {SECRET_HEADER: self._secret, CALLER_HEADER: caller}
+
+    async def forward(
+        self,
+        partition: int,
+        method: str,
+        target: str,
+        *,
+        caller: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> httpx.Response | None:
+        """Send the request to ``partition``'s owner and return its answer; None when this
+        node owns the partition (serve it here). Retries, until ``timeout_s``, while the
+        owner is unreachable or answers that it does not own the partition."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            url = await self.resolve(partition, deadline - loop.time())
+            if url is None:
+                return None
+            sent = {k: v for k, v in headers.items() if k in ("content-type", "accept")}
+            sent.update(self._hop_headers(caller))
+            try:
+                response = await self._http.request(
+                    method, url.rstrip("/") + target, content=body, headers=sent
+                )
+            except httpx.HTTPError as error:
+                _log.info("forward to %s failed (%s); waiting for the map", url, error)
+                self.metrics.cluster_forwards.labels("unreachable").inc()
+            else:
+                if not response.headers.get(NOT_OWNER_HEADER):
+                    self.metrics.cluster_forwards.labels("forwarded").inc()
+                    return response
+                self.metrics.cluster_forwards.labels("not_owner").inc()
+            if loop.time() >= deadline:
+                raise NotOwner(
+                    f"partition {partition}: its owner {url} did not answer within {timeout_s:.1f}s"
+                )
+            await self._await_change(deadline - loop.time())
+
+    async def wait_applied(self, partition: int, offset: int, timeout_s: float) -> None:
+        """Read-your-writes across nodes: wait until ``partition``'s owner, wherever it is,
+        has applied ``offset``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        body = msgspec.json.encode(
+            WaitRequest(partition=partition, offset=offset, timeout_s=timeout_s)
+        )
+        while True:
+            remaining = deadline - loop.time()
+            if self.owns(partition):
+                await self.runner.wait_applied(partition, offset, max(0.0, remaining))
+                return
+            try:
+                response = await self.forward(
+                    partition,
+                    "POST",
+                    "/v1/cluster/wait",
+                    caller="*",
+                    body=body,
+                    headers={"content-type": "application/json"},
+                    timeout_s=max(0.0, remaining),
+                )
+            except NotOwner as error:
+                raise ConsistencyTimeout(
+                    f"partition {partition} has not applied offset {offset} within "
+                    f"{timeout_s:.1f}s: {error}"
+                ) from error
+            if response is None:
+                continue  # became ours meanwhile
+            if response.status_code == 200:
+                return
+            raise error_from_response(response)

@@ -1,0 +1,205 @@
+"""The ASGI middleware that sends a read to the node owning its owner's partition.
+
+Reads (retrieve, history, events) and the writes that must read first (delete a message,
+archive, restore, supersede: they check the event or node) are forwarded whole; the reply
+is relayed as it came (same status and body). Plain appends are not forwarded: any node
+appends to the log, and only their read-your-writes wait goes to the owner
+(``MemoryEngine.wait_for``). A request another node forwarded is served here or refused
+with 503 ``not_owner`` (never forwarded twice), so a stale map costs a retry, not a loop.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import parse_qs
+
+import msgspec
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from prme.schemas.errors import Unauthenticated
+
+from .auth import ApiKeys
+from .cluster import (
+    FORWARDED_BY_HEADER,
+    NOT_OWNER_HEADER,
+    SERVED_BY_HEADER,
+    ClusterRouter,
+    NotOwner,
+)
+from .http_types import ErrorBody
+
+_ROUTED: list[tuple[str, re.Pattern[str], str]] = [
+    ("POST", re.compile(r"/v1/retrieve"), "body"),
+    ("GET", re.compile(r"/v1/history"), "query"),
+    ("GET", re.compile(r"/v1/events/[^/]+(/nodes)?"), "query"),
+    ("DELETE", re.compile(r"/v1/history/messages/[^/]+"), "query"),
+    ("POST", re.compile(r"/v1/nodes/[^/]+/(archive|restore|supersede)"), "body"),
+]
+"""(method, path, where the owner is): the requests answered by the owner's node."""
+
+
+class _Owner(msgspec.Struct):
+    user_id: str | None = None
+
+
+_owner_of_body = msgspec.json.Decoder(_Owner)
+
+
+class ForwardingMiddleware:
+    """Serves a routed request here when this node owns the partition (once it has caught
+    up), forwards it otherwise, and stamps every response with the node that served it."""
+
+    def __init__(
+        self, app: ASGIApp, router: ClusterRouter, api_keys: ApiKeys, timeout_s: float
+    ) -> None:
+        self.app = app
+        self.router = router
+        self.api_keys = api_keys
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        stamped = self._stamp(send)
+        where = _where(str(scope.get("method", "")), str(scope.get("path", "")))
+        if where is None:
+            await self.app(scope, receive, stamped)
+            return
+        body, complete = await _read_body(receive)
+        replay = _replayer(body, complete, receive)
+        owner = _owner(scope, body, where)
+        if owner is None:  # the app answers the malformed request
+            await self.app(scope, replay, stamped)
+            return
+        headers = _headers(scope)
+        partition = self.router.partition_of(owner)
+        try:
+            hop = self.router.check_forwarded(headers)
+        except Unauthenticated:
+            await self.app(scope, replay, stamped)  # the app answers 401 the same way
+            return
+        if hop is not None:
+            await self._serve_hop(partition, scope, replay, stamped)
+            return
+        try:
+            caller = self.api_keys.authenticate(
+                headers.get("authorization"), headers.get("x-api-key")
+            )
+        except Unauthenticated:
+            await self.app(scope, replay, stamped)
+            return
+        if not caller.is_admin and caller.owner != owner:
+            await self.app(scope, replay, stamped)  # 403, answered here
+            return
+        target = str(scope.get("raw_path", b"").decode() or scope["path"])
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode()
+        try:
+            response = await self.router.forward(
+                partition,
+                str(scope.get("method", "")),
+                target,
+                caller=caller.owner,
+                body=body,
+                headers=headers,
+                timeout_s=self.timeout_s,
+            )
+        except NotOwner as error:
+            await _refuse(send, error, not_owner=False)
+            return
+        if response is None:
+            await self.app(scope, replay, stamped)
+            return
+        relayed: list[tuple[bytes, bytes]] = [
+            (name.encode(), value.encode())
+            for name, value in response.headers.items()
+            if name in ("content-type", "retry-after", "www-authenticate", SERVED_BY_HEADER)
+        ]
+        relayed.append((FORWARDED_BY_HEADER.encode(), self.router.url.encode()))
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": relayed}
+        )
+        await send({"type": "http.response.body", "body": response.content})
+
+    async def _serve_hop(self, partition: int, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.router.owns(partition) and await self.router.runner.wait_serving(
+            partition, self.timeout_s
+        ):
+            await self.app(scope, receive, send)
+            return
+        error = NotOwner(f"{self.router.url} does not own partition {partition}")
+        await _refuse(send, error, not_owner=True)
+
+    def _stamp(self, send: Send) -> Send:
+        url = self.router.url.encode()
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start" and url:
+                headers = list(message.get("headers", []))
+                headers.append((SERVED_BY_HEADER.encode(), url))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return stamped
+
+
+def _where(method: str, path: str) -> str | None:
+    for routed_method, pattern, where in _ROUTED:
+        if method == routed_method and pattern.fullmatch(path):
+            return where
+    return None
+
+
+def _owner(scope: Scope, body: bytes, where: str) -> str | None:
+    if where == "query":
+        values = parse_qs(scope.get("query_string", b"").decode(errors="replace")).get("user_id")
+        return values[0] if values and values[0] else None
+    try:
+        return _owner_of_body.decode(body).user_id or None
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {
+        name.decode("latin-1").lower(): value.decode("latin-1")
+        for name, value in scope.get("headers", [])
+    }
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), False
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks), True
+
+
+def _replayer(body: bytes, complete: bool, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": not complete}
+        return await receive()
+
+    return replay
+
+
+async def _refuse(send: Send, error: NotOwner, *, not_owner: bool) -> None:
+    headers: list[tuple[bytes, bytes]] = [
+        (b"content-type", b"application/json"),
+        (b"retry-after", str(max(1, round(error.retry_after_s))).encode()),
+    ]
+    if not_owner:
+        headers.append((NOT_OWNER_HEADER.encode(), b"1"))
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    body = msgspec.json.encode(ErrorBody("shard_unavailable", str(error)))
+    await send({"type": "http.response.body", "body": body})

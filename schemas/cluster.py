@@ -1,0 +1,67 @@
+"""The cluster map: which node owns (and which nodes keep standbys of) each partition.
+
+The consumer group's leader computes it during a rebalance and hands it to every member in
+its assignment (see ``producers/kafka_membership.py``); on the embedded local log it is a
+static split. Every node routes requests with it; ``GET /v1/cluster`` serves it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ClusterMember(msgspec.Struct, frozen=True, kw_only=True):
+    """One node: the URL other nodes and clients reach it at, and what it holds."""
+
+    url: str
+    partitions: list[int] = []
+    """Partitions this node owns (serves and projects)."""
+    standbys: list[int] = []
+    """Partitions this node keeps warm copies of, applied continuously, not served."""
+
+
+class ClusterMap(msgspec.Struct, frozen=True, kw_only=True):
+    """Partition -> owner URL for one generation of the group."""
+
+    generation: int
+    partitions: int
+    members: list[ClusterMember] = []
+
+    def owner(self, partition: int) -> str | None:
+        """The URL of the node that owns ``partition`` (None while nobody does)."""
+        for member in self.members:
+            if partition in member.partitions:
+                return member.url
+        return None
+
+    def standbys_of(self, partition: int) -> list[str]:
+        return [m.url for m in self.members if partition in m.standbys]
+
+    def member(self, url: str) -> ClusterMember | None:
+        for member in self.members:
+            if member.url == url:
+                return member
+        return None
+
+
+class MemberClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """What a member tells the group leader when it joins (the user data of its
+    subscription): where it is reached, and which partitions it has state for."""
+
+    url: str
+    owned: list[int] = []
+    """Partitions it owned in the last generation (kept where possible: sticky)."""
+    warm: dict[int, int] = {}
+    """Partition -> applied offset of every shard it has on disk (owned or standby): the
+    leader prefers the most caught-up holder when a partition must move."""
+    generation: int = -1
+    """The newest map generation it has seen; the leader's map is one newer."""
+
+
+def static_map(urls: list[str], partitions: int) -> ClusterMap:
+    """The embedded local log's split across processes: process i owns p mod N == i."""
+    members = [
+        ClusterMember(url=url, partitions=[p for p in range(partitions) if p % len(urls) == i])
+        for i, url in enumerate(urls)
+    ]
+    return ClusterMap(generation=0, partitions=partitions, members=members)
