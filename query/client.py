@@ -30,7 +30,7 @@ class AsyncMemoryClient(MemoryBackend):
         self,
         directory: str | Path | None = None,
         *,
-        url: str | None = None,
+        url: str | Sequence[str] | None = None,
         api_key: str | None = None,
         settings: Settings | None = None,
         embedding_provider: EmbeddingProvider | None = None,
@@ -170,7 +170,7 @@ class AsyncMemoryClient(MemoryBackend):
 
 async def make_async_client(
     directory: str | Path | None,
-    url: str | None,
+    url: str | Sequence[str] | None,
     api_key: str | None,
     settings: Settings | None,
     provider: EmbeddingProvider | None,

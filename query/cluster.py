@@ -33,16 +33,8 @@ from prme.schemas.errors import (
 from prme.schemas.metrics import Metrics
 
 from .http_client import error_from_response
-from .http_types import WaitRequest
+from .http_types import CALLER_HEADER, NOT_OWNER_HEADER, SECRET_HEADER, WaitRequest
 
-SECRET_HEADER = "x-prme-cluster-secret"
-CALLER_HEADER = "x-prme-forwarded-caller"
-"""The owner (or ``*``) whose key the entry node authenticated."""
-SERVED_BY_HEADER = "x-prme-served-by"
-FORWARDED_BY_HEADER = "x-prme-forwarded-by"
-"""On a response: the entry node forwarded the request (one hop more than needed)."""
-NOT_OWNER_HEADER = "x-prme-not-owner"
-"""On a 503: this node does not own the partition (any more); ask the map again."""
 MAP_POLL_S = 0.5
 """How often a serve-only node re-reads the map while a request waits on a rebalance."""
 MAP_REFRESH_S = 5.0

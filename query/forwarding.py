@@ -15,19 +15,21 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import (
+    ASGIApp,
+    HTTPResponseBodyEvent,
+    HTTPResponseStartEvent,
+    Message,
+    Receive,
+    Scope,
+    Send,
+)
 
 from prme.schemas.errors import Unauthenticated
 
 from .auth import ApiKeys
-from .cluster import (
-    FORWARDED_BY_HEADER,
-    NOT_OWNER_HEADER,
-    SERVED_BY_HEADER,
-    ClusterRouter,
-    NotOwner,
-)
-from .http_types import ErrorBody
+from .cluster import ClusterRouter, NotOwner
+from .http_types import FORWARDED_BY_HEADER, NOT_OWNER_HEADER, SERVED_BY_HEADER, ErrorBody
 
 _ROUTED: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(r"/v1/retrieve"), "body"),
@@ -118,10 +120,13 @@ class ForwardingMiddleware:
             if name in ("content-type", "retry-after", "www-authenticate", SERVED_BY_HEADER)
         ]
         relayed.append((FORWARDED_BY_HEADER.encode(), self.router.url.encode()))
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": relayed}
-        )
-        await send({"type": "http.response.body", "body": response.content})
+        start: HTTPResponseStartEvent = {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": relayed,
+        }
+        await send(start)
+        await send(_body(response.content))
 
     async def _serve_hop(self, partition: int, scope: Scope, receive: Receive, send: Send) -> None:
         if self.router.owns(partition) and await self.router.runner.wait_serving(
@@ -200,6 +205,14 @@ async def _refuse(send: Send, error: NotOwner, *, not_owner: bool) -> None:
     ]
     if not_owner:
         headers.append((NOT_OWNER_HEADER.encode(), b"1"))
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    body = msgspec.json.encode(ErrorBody("shard_unavailable", str(error)))
-    await send({"type": "http.response.body", "body": body})
+    start: HTTPResponseStartEvent = {
+        "type": "http.response.start",
+        "status": 503,
+        "headers": headers,
+    }
+    await send(start)
+    await send(_body(msgspec.json.encode(ErrorBody("shard_unavailable", str(error)))))
+
+
+def _body(content: bytes) -> HTTPResponseBodyEvent:
+    return {"type": "http.response.body", "body": content, "more_body": False}

@@ -13,6 +13,7 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
+from prme.producers.partitioner import Partitioner
 from prme.producers.producer import ADDITION_MISMATCH, REPLACEMENT_MISMATCH, MessageDraft
 from prme.producers.transport import Position
 from prme.schemas.errors import InvalidInput, PRMEError, TransportError
@@ -21,8 +22,11 @@ from prme.schemas.records import AnyRecord, Message
 from .backend import MemoryBackend
 from .http_errors import error_of
 from .http_types import (
+    FORWARDED_BY_HEADER,
+    NOT_OWNER_HEADER,
     ArchiveRequest,
     ClearHistoryRequest,
+    ClusterView,
     ErrorBody,
     HistoryWriteRequest,
     MemoryIn,
@@ -39,8 +43,12 @@ T = TypeVar("T")
 
 
 class HttpMemoryBackend(MemoryBackend):
-    """An ``httpx.AsyncClient`` speaking to ``/v1`` of a PRME service.
+    """An ``httpx.AsyncClient`` speaking to ``/v1`` of a PRME service or cluster.
 
+    ``url``: one node, or several nodes of a cluster. The client reads the cluster map
+    (``GET /v1/cluster``) from the first node that answers and sends each call straight to
+    the node that owns its owner's partition (one hop); it reads the map again when a node
+    answers that it forwarded the call or does not own the partition, or cannot be reached.
     ``timeout_s`` bounds every request (connect, read, write, pool); server-side writes
     wait for the projector by default, so a store followed by a read sees the write.
     ``transport`` lets a caller pass another httpx transport (an ASGI app, a proxy).
@@ -48,15 +56,18 @@ class HttpMemoryBackend(MemoryBackend):
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         api_key: str | None = None,
         *,
         timeout_s: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        seeds = [url] if isinstance(url, str) else list(url)
+        if not seeds:
+            raise InvalidInput("url: give at least one node URL")
+        self._routes = ClusterRoutes([u.rstrip("/") for u in seeds])
         self._http = httpx.AsyncClient(
-            base_url=url.rstrip("/") + "/v1/",
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
             transport=transport,
@@ -192,26 +203,119 @@ class HttpMemoryBackend(MemoryBackend):
         *,
         json: msgspec.Struct | None = None,
         params: dict[str, Any] | None = None,
+        owner: str | None = None,
     ) -> T:
         try:
             content = None if json is None else self._encoder.encode(json)
         except (TypeError, ValueError, OverflowError) as error:
             raise InvalidInput(f"the request is not JSON-serializable: {error}") from error
         headers = None if content is None else {"Content-Type": "application/json"}
-        try:
-            response = await self._http.request(
-                method, path, content=content, params=params, headers=headers
-            )
-        except httpx.TimeoutException as error:
-            raise TransportError(f"{method} {path}: the service did not answer in time") from error
-        except httpx.HTTPError as error:
-            raise TransportError(f"{method} {path}: {error}") from error
+        if owner is None:
+            owner = _owner_in(json, params)
+        response = await self._send(method, path, content, params, headers, owner)
         if response.is_error:
             raise error_from_response(response)
         try:
             return msgspec.json.decode(response.content, type=result)
         except msgspec.DecodeError as error:
             raise TransportError(f"{method} {path}: unexpected response ({error})") from error
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        content: bytes | None,
+        params: dict[str, Any] | None,
+        headers: dict[str, str] | None,
+        owner: str | None,
+    ) -> httpx.Response:
+        """Send to the owner's node; on a stale map (forwarded, not the owner, node gone)
+        read the map again and, once, resend to the node it names."""
+        for attempt in (0, 1):
+            if self._routes.stale:
+                await self._routes.refresh(self._http)
+            node = self._routes.node_for(owner)
+            try:
+                response = await self._http.request(
+                    method, f"{node}/v1/{path}", content=content, params=params, headers=headers
+                )
+            except httpx.TimeoutException as error:
+                raise TransportError(
+                    f"{method} {path}: the service did not answer in time"
+                ) from error
+            except httpx.HTTPError as error:
+                self._routes.lost(node)
+                if attempt or not self._routes.clustered:
+                    raise TransportError(f"{method} {path}: {error}") from error
+                continue
+            if FORWARDED_BY_HEADER in response.headers or NOT_OWNER_HEADER in response.headers:
+                self._routes.stale = True  # answered, one hop more than needed: re-read
+                if NOT_OWNER_HEADER in response.headers and not attempt:
+                    continue
+            return response
+        raise AssertionError("unreachable")
+
+
+class ClusterRoutes:
+    """The client's copy of the cluster map: owner -> the URL of the node that owns it."""
+
+    def __init__(self, seeds: list[str]) -> None:
+        self.seeds = seeds
+        self.stale = True
+        self._owners: dict[int, str] = {}
+        self._partitioner: Partitioner | None = None
+        self._down: set[str] = set()
+
+    @property
+    def clustered(self) -> bool:
+        return len(self.seeds) > 1 or bool(self._owners)
+
+    def node_for(self, owner: str | None) -> str:
+        if owner is not None and self._partitioner is not None:
+            node = self._owners.get(self._partitioner(owner.encode()))
+            if node:
+                return node
+        alive = [s for s in self.seeds if s not in self._down] or self.seeds
+        return alive[0]
+
+    def lost(self, node: str) -> None:
+        self._down.add(node)
+        self.stale = True
+
+    async def refresh(self, http: httpx.AsyncClient) -> None:
+        """Read ``GET /v1/cluster`` from the first node that answers (seeds first, then
+        the members the last map named); keep the old map if none does."""
+        candidates = list(dict.fromkeys([*self.seeds, *self._owners.values()]))
+        candidates.sort(key=lambda url: url in self._down)
+        for url in candidates:
+            try:
+                response = await http.get(f"{url}/v1/cluster")
+                view = msgspec.json.decode(response.content, type=ClusterView)
+            except (httpx.HTTPError, msgspec.DecodeError):
+                continue
+            self.stale = False
+            self._down.discard(url)
+            owners = {p: m.url for m in view.members for p in m.partitions if m.url}
+            if owners:
+                self._owners = owners
+                self._partitioner = Partitioner(view.partitions)
+                for member in view.members:
+                    self._down.discard(member.url)
+            return
+        self.stale = False  # nothing answered: the next failure marks it stale again
+
+
+def _owner_in(json: msgspec.Struct | None, params: dict[str, Any] | None) -> str | None:
+    """The owner a request acts for: its ``user_id`` (a batch: its first message's)."""
+    if params and isinstance(params.get("user_id"), str):
+        return str(params["user_id"])
+    user_id = getattr(json, "user_id", None)
+    if isinstance(user_id, str):
+        return user_id
+    messages = getattr(json, "messages", None)
+    if messages:
+        return getattr(messages[0], "user_id", None)
+    return None
 
 
 def error_from_response(response: httpx.Response) -> PRMEError:

@@ -173,6 +173,18 @@ class ErrorBody(msgspec.Struct, frozen=True):
     detail: str
 
 
+SECRET_HEADER = "x-prme-cluster-secret"
+"""On a forwarded request: the cluster's shared secret."""
+CALLER_HEADER = "x-prme-forwarded-caller"
+"""On a forwarded request: the owner (or ``*``) whose key the entry node authenticated."""
+SERVED_BY_HEADER = "x-prme-served-by"
+"""On every response of a served node: the node that answered."""
+FORWARDED_BY_HEADER = "x-prme-forwarded-by"
+"""On a response: the entry node forwarded the request (one hop more than needed)."""
+NOT_OWNER_HEADER = "x-prme-not-owner"
+"""On a 503: this node does not own the partition (any more); ask the map again."""
+
+
 class WaitRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """``POST /v1/cluster/wait`` (node to node): return once ``partition`` has applied
     ``offset`` on the node that owns it (read-your-writes for a write another node

@@ -66,7 +66,11 @@ def serve_processes(settings: Settings, processes: int, options: Sequence[str]) 
             flush=True,
         )
         _forward_signals(children)
-        return max(child.wait() for child in children)
+        codes = [child.wait() for child in children]
+        # A child stopped by the signal it was forwarded ends by that signal (uvicorn
+        # re-raises it after shutting down): a clean stop, not a failure.
+        failed = [c for c in codes if c not in (0, -signal.SIGTERM, -signal.SIGINT)]
+        return failed[0] if failed else 0
     finally:
         for child in children:
             if child.poll() is None:

@@ -34,11 +34,12 @@ from prme.schemas.errors import (
 from prme.schemas.records import Message
 
 from .auth import ApiKeys, Caller
-from .cluster import NOT_OWNER_HEADER, NotOwner
+from .cluster import NotOwner
 from .engine import MemoryEngine
 from .forwarding import ForwardingMiddleware
 from .http_errors import HTTP_KINDS, status_of
 from .http_types import (
+    NOT_OWNER_HEADER,
     ArchiveRequest,
     ClearHistoryRequest,
     ClusterView,

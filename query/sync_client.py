@@ -126,7 +126,7 @@ class MemoryClient:
         self,
         directory: str | Path | None = None,
         *,
-        url: str | None = None,
+        url: str | Sequence[str] | None = None,
         api_key: str | None = None,
         settings: Settings | None = None,
         embedding_provider: EmbeddingProvider | None = None,

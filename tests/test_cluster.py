@@ -1,0 +1,274 @@
+"""A PRME cluster on a real broker: three ``prme serve`` processes in one consumer group,
+any node answering any owner (forwarding to the owner's node), the multi-node client going
+straight to the owner, the cluster secret, and the data-directory lock."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from prme import MemoryClient
+from prme.query.engine import MemoryEngine
+from prme.schemas.config import Settings
+
+from .cluster_harness import (
+    ADMIN,
+    ADMIN_KEY,
+    ALICE_KEY,
+    SECRET,
+    Node,
+    free_port,
+    node_env,
+    running,
+    wait_ready,
+    wait_split,
+)
+
+OWNERS = 200
+PARTITIONS = 12
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[list[Node], str]]:
+    root = tmp_path_factory.mktemp("cluster")
+    topic = f"cluster-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")
+    nodes = [Node(root, f"node{i}", env) for i in range(3)]
+    with running(nodes):
+        wait_ready(nodes)
+        wait_split(nodes, PARTITIONS)
+        yield nodes, topic
+
+
+def memory(owner: str) -> str:
+    return f"{owner} keeps the Aurora launch checklist in the blue notebook"
+
+
+@pytest.mark.asyncio
+async def test_every_node_answers_every_owner_like_a_single_node(
+    cluster: tuple[list[Node], str], kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    nodes, topic = cluster
+    rng = random.Random(11)
+    owners = [f"owner-{i}" for i in range(OWNERS)]
+
+    def write(owner: str, node: Node) -> None:
+        written = node.post("/v1/memories", {"user_id": owner, "content": memory(owner)})
+        assert written.status_code == 201, written.text
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(write, owners, [rng.choice(nodes) for _ in owners]))
+    query = "where is the Aurora checklist"
+    served_by: set[str] = set()
+
+    def read_through_every_node(owner: str) -> list[str]:
+        answers = []
+        with httpx.Client(headers=ADMIN, timeout=60) as http:
+            for node in nodes:
+                retrieved = http.post(
+                    node.url + "/v1/retrieve", json={"user_id": owner, "query": query}
+                )
+                assert retrieved.status_code == 200, (node.name, retrieved.text)
+                body = retrieved.json()
+                answers.append([r["node_id"] for r in body["results"]])
+                served_by.add(body["receipt"]["served_by"])
+                history = http.get(node.url + "/v1/history", params={"user_id": owner})
+                assert history.status_code == 200, history.text
+                assert [m["content"] for m in history.json()] == [memory(owner)]
+        assert answers[0] and answers.count(answers[0]) == len(nodes), answers
+        return answers[0]
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = dict(zip(owners, pool.map(read_through_every_node, owners), strict=True))
+    assert served_by == {n.url for n in nodes}  # every node served its own partitions
+
+    # A single node that projects the same log alone answers the same.
+    settings = Settings.from_env(
+        data_dir=str(tmp_path / "single"),
+        log={"transport": "kafka", "bootstrap": kafka_bootstrap, "topic": topic},
+        cluster={"group": f"{topic}-single"},
+    )
+    async with await MemoryEngine.open(settings=settings, create_if_missing=True) as single:
+        assert sorted(single.runner.shards) == list(range(PARTITIONS))
+        for owner in owners:
+            response = await single.retrieve(query, owner)
+            assert [r.node_id for r in response.results] == answers[owner], owner
+
+
+def forwards(nodes: list[Node]) -> float:
+    total = 0.0
+    for node in nodes:
+        for line in node.get("/metrics").text.splitlines():
+            if line.startswith('prme_cluster_forwards_total{outcome="forwarded"}'):
+                total += float(line.split()[-1])
+    return total
+
+
+def test_the_client_with_every_url_reaches_the_owner_in_one_hop(
+    cluster: tuple[list[Node], str],
+) -> None:
+    nodes, _ = cluster
+    before = forwards(nodes)
+    with MemoryClient(url=[n.url for n in nodes], api_key=ADMIN_KEY) as client:
+        for i in range(30):
+            owner = f"hop-{i}"
+            client.store(f"{owner} prefers tea over coffee", user_id=owner)
+            results = client.retrieve("what does this owner drink", user_id=owner).results
+            assert [r.text for r in results] == [f"{owner} prefers tea over coffee"]
+            assert [m.content for m in client.history(owner)] == [
+                f"{owner} prefers tea over coffee"
+            ]
+    assert forwards(nodes) == before  # no call took a second hop
+
+    # One URL is enough: the client reads the whole map from it.
+    with MemoryClient(url=nodes[0].url, api_key=ADMIN_KEY) as client:
+        before = forwards(nodes)
+        for i in range(30):
+            assert client.history(f"hop-{i}")
+        assert forwards(nodes) == before
+
+
+def test_forwarded_requests_need_the_secret_and_keep_owner_binding(
+    cluster: tuple[list[Node], str],
+) -> None:
+    nodes, _ = cluster
+    body = {"user_id": "bob", "query": "anything"}
+    for headers in (
+        {"x-prme-forwarded-caller": "*"},
+        {"x-prme-forwarded-caller": "*", "x-prme-cluster-secret": "wrong"},
+    ):
+        refused = nodes[0].post("/v1/retrieve", body, headers=headers)
+        assert refused.status_code == 401, refused.text
+        assert refused.json()["error"] == "unauthenticated"
+    accepted = nodes[0].post(
+        "/v1/retrieve",
+        body,
+        headers={"x-prme-forwarded-caller": "*", "x-prme-cluster-secret": SECRET},
+    )
+    assert accepted.status_code in (200, 503), accepted.text  # 503: not this node's partition
+
+    alice = {"Authorization": f"Bearer {ALICE_KEY}"}
+    for node in nodes:  # wherever bob lives, alice's key never reads him
+        assert node.post("/v1/retrieve", body, headers=alice).status_code == 403
+        own = node.post("/v1/retrieve", {"user_id": "alice", "query": "x"}, headers=alice)
+        assert own.status_code == 200, own.text
+    # A node forwarding alice's call passes on her owner, not an admin: bob stays 403.
+    forged = nodes[0].post(
+        "/v1/retrieve",
+        body,
+        headers={"x-prme-forwarded-caller": "alice", "x-prme-cluster-secret": SECRET},
+    )
+    assert forged.status_code in (403, 503), forged.text
+
+
+def test_a_second_process_on_a_held_data_dir_exits_at_once(
+    cluster: tuple[list[Node], str],
+) -> None:
+    nodes, _ = cluster
+    started = time.monotonic()
+    second = subprocess.run(
+        [sys.executable, "-m", "prme.cli", "serve", "--data-dir", str(nodes[0].data_dir)],
+        env=nodes[0].env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 2
+    assert time.monotonic() - started < 30
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1, second.stderr
+    assert "is open in another process, pid" in lines[0]
+    assert str(nodes[0].process.pid) in lines[0]  # type: ignore[union-attr]
+
+
+def test_two_nodes_started_at_once_both_come_up_and_split(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic = f"pair-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")
+    nodes = [Node(tmp_path, f"n{i}", env) for i in range(2)]
+    with running(nodes):
+        wait_ready(nodes)
+        view = wait_split(nodes, PARTITIONS)
+        assert sorted(len(m["partitions"]) for m in view["members"]) == [6, 6]
+        for i in range(20):  # writes through one node, reads through the other
+            owner = f"pair-{i}"
+            assert (
+                nodes[i % 2]
+                .post("/v1/memories", {"user_id": owner, "content": f"{owner} likes kites"})
+                .is_success
+            )
+            history = nodes[(i + 1) % 2].get("/v1/history", params={"user_id": owner})
+            assert [m["content"] for m in history.json()] == [f"{owner} likes kites"]
+
+
+def test_a_serve_only_node_routes_every_read(
+    cluster: tuple[list[Node], str], tmp_path: Path
+) -> None:
+    nodes, _ = cluster
+    router = Node(tmp_path, "router", nodes[0].env, ["--no-project"])
+    with running([router]):
+        wait_ready([router])
+        for i in range(10):
+            owner = f"routed-{i}"
+            written = router.post("/v1/memories", {"user_id": owner, "content": f"{owner} sails"})
+            assert written.status_code == 201, written.text
+            history = router.get("/v1/history", params={"user_id": owner})
+            assert history.status_code == 200, history.text
+            assert [m["content"] for m in history.json()] == [f"{owner} sails"]
+            assert history.headers["x-prme-served-by"] in {n.url for n in nodes}
+        assert router.get("/v1/cluster").json()["owned"] == []
+
+
+def test_processes_split_the_embedded_log_behind_one_port(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRME_")}
+    command = [sys.executable, "-m", "prme.cli", "serve", "--processes", "2"]
+    command += ["--data-dir", str(tmp_path / "pack"), "--port", str(port), "--log-level", "warning"]
+    log = tmp_path / "processes.log"
+    with open(log, "wb") as out:
+        parent = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        view = None
+        while time.monotonic() < deadline:
+            assert parent.poll() is None, log.read_text()
+            try:
+                view = httpx.get(url + "/v1/cluster", timeout=5).json()
+                if len(view["members"]) == 2 and all(
+                    httpx.get(m["url"] + "/v1/ready", timeout=5).status_code == 200
+                    for m in view["members"]
+                ):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)  # poll interval while the processes start
+        assert view is not None and len(view["members"]) == 2, log.read_text()
+        assert sorted(p for m in view["members"] for p in m["partitions"]) == list(range(12))
+        with httpx.Client(timeout=60) as http:
+            for i in range(20):
+                owner = f"proc-{i}"
+                body = {"user_id": owner, "content": f"{owner} grows basil"}
+                assert http.post(url + "/v1/memories", json=body).status_code == 201
+                retrieved = http.post(
+                    url + "/v1/retrieve", json={"user_id": owner, "query": "basil"}
+                )
+                assert retrieved.status_code == 200, retrieved.text
+                assert [r["text"] for r in retrieved.json()["results"]] == [body["content"]]
+    finally:
+        parent.terminate()
+        parent.wait(timeout=60)
+    assert parent.returncode == 0, log.read_text()
