@@ -1,0 +1,335 @@
+"""Cluster figures (JSON on stdout).
+
+``throughput``: retrieve throughput and p50/p95 with concurrent clients against
+``prme serve --processes 1`` and ``--processes 2`` on the same machine and the same pack
+(the embedded local log, default model), interleaved ``--runs`` times. The clients are
+``AsyncMemoryClient(url=...)``: they read the cluster map from the one port and send each
+call to the owner's process. ``--processes 2`` is also measured with clients that send
+everything to the one port (the processes forward half of it to each other).
+
+``failover``: three ``prme serve`` nodes on Kafka; one is SIGKILLed under a read load, and
+the seconds until every owner answers again are timed, with ``--standby-replicas`` 0 and 1.
+
+    python -m benchmarks.cluster throughput [--memories 2000] [--clients 16] [--seconds 20]
+    python -m benchmarks.cluster failover [--owners 60] [--bootstrap HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.common import (
+    add_common_options,
+    chat_turn,
+    emit,
+    kafka_broker,
+    latency_summary,
+    machine,
+    median,
+    question,
+    ratio,
+    scratch_directory,
+)
+from prme.query.client import AsyncMemoryClient
+
+READY_TIMEOUT_S = 600.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRME_")}
+    env.update(extra)
+    return env
+
+
+def start_serve(
+    data_dir: Path, port: int, args: list[str], env: dict[str, str], log: Path
+) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "prme.cli", "serve", "--data-dir", str(data_dir)]
+    command += ["--port", str(port), "--log-level", "warning", *args]
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+async def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the node (and, behind one port, every member it names) answers ready."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    async with httpx.AsyncClient(timeout=5) as http:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"prme serve exited:\n{log.read_text()[-3000:]}")
+            try:
+                view = (await http.get(url + "/v1/cluster")).json()
+                urls = [m["url"] for m in view["members"]] or [url]
+                answers = [await http.get(u + "/v1/ready") for u in urls]
+                if all(a.status_code == 200 for a in answers):
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not ready in {READY_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
+            await asyncio.sleep(0.2)  # poll interval while the node starts
+
+
+# -- throughput -----------------------------------------------------------------------
+
+
+async def fill_pack(url: str, memories: int, owners: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    names = [f"owner-{i}" for i in range(owners)]
+    async with httpx.AsyncClient(timeout=600) as http:
+        for start in range(0, memories, 200):
+            batch = [
+                {"user_id": names[(start + i) % owners], "content": chat_turn(rng)}
+                for i in range(min(200, memories - start))
+            ]
+            answer = await http.post(
+                url + "/v1/memories/batch", json={"messages": batch, "wait": False}
+            )
+            answer.raise_for_status()
+        while (await http.get(url + "/v1/ready")).json()["lag"]:  # projected, all of it
+            await asyncio.sleep(0.5)  # poll interval while the model embeds the pack
+    return names
+
+
+async def load(
+    url: str, owners: list[str], clients: int, seconds: float, *, routed: bool, seed: int
+) -> dict[str, Any]:
+    """``clients`` tasks retrieving for ``seconds``: requests/s and latency."""
+    rng = random.Random(seed)
+    samples: list[float] = []
+    errors = 0
+    stop_at = time.monotonic() + seconds
+
+    async def client_loop(index: int) -> None:
+        nonlocal errors
+        local = random.Random(rng.random() + index)
+        if routed:
+            client = AsyncMemoryClient(url=url, timeout_s=60)
+            try:
+                while time.monotonic() < stop_at:
+                    began = time.perf_counter()
+                    try:
+                        await client.retrieve(question(local), local.choice(owners), top_k=5)
+                        samples.append(time.perf_counter() - began)
+                    except Exception:
+                        errors += 1
+            finally:
+                await client.close()
+            return
+        async with httpx.AsyncClient(timeout=60) as http:
+            while time.monotonic() < stop_at:
+                body = {"user_id": local.choice(owners), "query": question(local), "top_k": 5}
+                began = time.perf_counter()
+                answer = await http.post(url + "/v1/retrieve", json=body)
+                if answer.status_code == 200:
+                    samples.append(time.perf_counter() - began)
+                else:
+                    errors += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(client_loop(i) for i in range(clients)))
+    elapsed = time.monotonic() - started
+    return {
+        "requests_per_s": round(len(samples) / elapsed, 1),
+        "errors": errors,
+        "latency": latency_summary(samples),
+    }
+
+
+async def throughput(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
+    pack, log = work / "pack", work / "serve.log"
+    env = clean_env()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    seeding = start_serve(pack, port, [], env, log)
+    try:
+        await wait_ready(url, seeding, log)
+        began = time.monotonic()
+        owners = await fill_pack(url, arguments.memories, arguments.owners, seed=7)
+        filled_s = time.monotonic() - began
+    finally:
+        stop(seeding)
+    variants = [
+        ("processes_1", 1, True),
+        ("processes_2", 2, True),
+        ("processes_2_one_port", 2, False),
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in variants}
+    for run in range(arguments.runs):
+        for name, processes, routed in variants:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            args = [] if processes == 1 else ["--processes", str(processes)]
+            process = start_serve(pack, port, args, env, log)
+            try:
+                await wait_ready(url, process, log)
+                await load(url, owners, arguments.clients, 2.0, routed=routed, seed=run)  # warm-up
+                runs[name].append(
+                    await load(
+                        url, owners, arguments.clients, arguments.seconds, routed=routed, seed=run
+                    )
+                )
+            finally:
+                stop(process)
+
+    def summary(name: str) -> dict[str, Any]:
+        figures = runs[name]
+        return {
+            "requests_per_s": median([f["requests_per_s"] for f in figures]),
+            "p50_ms": median([f["latency"].p50_ms for f in figures]),
+            "p95_ms": median([f["latency"].p95_ms for f in figures]),
+            "errors": sum(f["errors"] for f in figures),
+            "runs": figures,
+        }
+
+    results = {name: summary(name) for name in runs}
+    return {
+        "benchmark": "cluster.throughput",
+        "machine": machine(),
+        "load_average": os.getloadavg(),
+        "pack": {"memories": arguments.memories, "owners": arguments.owners, "fill_s": filled_s},
+        "clients": arguments.clients,
+        "seconds_per_run": arguments.seconds,
+        "results": results,
+        "processes_2_to_1_throughput": ratio(
+            results["processes_2"]["requests_per_s"], results["processes_1"]["requests_per_s"]
+        ),
+        "processes_2_to_1_p95": ratio(
+            results["processes_2"]["p95_ms"], results["processes_1"]["p95_ms"]
+        ),
+    }
+
+
+# -- failover -------------------------------------------------------------------------
+
+
+async def answering(urls: list[str], owners: list[str], headers: dict[str, str]) -> bool:
+    """Whether every owner's history answers 200 through the first live node."""
+    async with httpx.AsyncClient(timeout=30, headers=headers) as http:
+        for owner in owners:
+            try:
+                answer = await http.get(urls[0] + "/v1/history", params={"user_id": owner})
+            except httpx.HTTPError:
+                return False
+            if answer.status_code != 200:
+                return False
+    return True
+
+
+async def failover_once(
+    bootstrap: str, work: Path, owners: int, standbys: int, tag: str
+) -> dict[str, Any]:
+    topic = f"failover-{tag}"
+    env = clean_env(
+        PRME_LOG__TRANSPORT="kafka",
+        PRME_LOG__BOOTSTRAP=bootstrap,
+        PRME_LOG__TOPIC=topic,
+        PRME_LOG__DLQ_TOPIC=f"{topic}.dlq",
+        PRME_CLUSTER__GROUP=f"{topic}-group",
+        PRME_CLUSTER__SECRET="bench",
+        PRME_CLUSTER__STANDBY_REPLICAS=str(standbys),
+        PRME_EMBEDDING__THREADS="1",
+    )
+    ports = [free_port() for _ in range(3)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    log = work / f"{tag}.log"
+    nodes = [start_serve(work / f"{tag}-n{i}", p, [], env, log) for i, p in enumerate(ports)]
+    names = [f"fo-{i}" for i in range(owners)]
+    try:
+        for url, node in zip(urls, nodes, strict=True):
+            await wait_ready(url, node, log)
+        async with httpx.AsyncClient(timeout=120) as http:
+            deadline = time.monotonic() + 120
+            while True:  # the three nodes split the partitions before anything is written
+                views = [(await http.get(u + "/v1/cluster")).json() for u in urls]
+                if all(len(v["members"]) == 3 and v["serving"] for v in views):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no 3-way split: {views}")
+                await asyncio.sleep(0.2)  # poll interval while the group settles
+            for name in names:
+                body = {"user_id": name, "content": f"{name} keeps bees"}
+                (await http.post(urls[0] + "/v1/memories", json=body)).raise_for_status()
+            if standbys:  # standbys caught up before the kill
+                await asyncio.sleep(3.0)
+        victim = nodes[2]
+        victim.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        victim.wait(timeout=30)
+        while not await answering(urls[:2], names, {}):
+            if time.monotonic() - killed > 300:
+                raise RuntimeError("owners did not answer again within 300 s")
+            await asyncio.sleep(0.1)  # poll interval while the group rebalances
+        return {"failover_s": round(time.monotonic() - killed, 2)}
+    finally:
+        for node in nodes:
+            stop(node)
+
+
+async def failover(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
+    figures: dict[str, list[float]] = {"standby_0": [], "standby_1": []}
+    with kafka_broker(arguments.bootstrap, work / "kafka") as bootstrap:
+        for run in range(arguments.runs):
+            for standbys in (0, 1):
+                once = await failover_once(
+                    bootstrap, work, arguments.owners, standbys, f"s{standbys}-r{run}-{os.getpid()}"
+                )
+                figures[f"standby_{standbys}"].append(once["failover_s"])
+    return {
+        "benchmark": "cluster.failover",
+        "machine": machine(),
+        "owners": arguments.owners,
+        "failover_s": {k: {"median": median(v), "runs": v} for k, v in figures.items()},
+        "standby_1_to_0": ratio(median(figures["standby_1"]), median(figures["standby_0"])),
+        "method": "3 nodes, one SIGKILLed; seconds until every owner's history answers 200 "
+        "through a surviving node (session timeout 10 s included)",
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("figure", choices=["throughput", "failover"])
+    parser.add_argument("--memories", type=int, default=2_000)
+    parser.add_argument("--owners", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--bootstrap", help="failover: use this broker instead of starting one")
+    add_common_options(parser)
+    arguments = parser.parse_args(argv)
+    with scratch_directory(arguments.work_dir) as work:
+        measure = throughput if arguments.figure == "throughput" else failover
+        report = asyncio.run(measure(arguments, work))
+    emit(report, arguments.out)
+
+
+if __name__ == "__main__":
+    main()

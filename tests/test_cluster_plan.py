@@ -1,0 +1,53 @@
+"""The assignor's plan: balanced, sticky, moved partitions to their warmest copy, standbys
+on other members."""
+
+from __future__ import annotations
+
+from prme.producers.kafka_membership import plan_cluster
+from prme.schemas.cluster import MemberClaim
+
+
+def owned(plan: dict, member: str) -> list[int]:
+    return plan[member].partitions
+
+
+def test_a_fresh_group_is_balanced_and_covers_every_partition() -> None:
+    claims = {m: MemberClaim(url=f"http://{m}") for m in ("a", "b", "c")}
+    plan = plan_cluster(claims, range(12))
+    assert sorted(p for m in plan for p in owned(plan, m)) == list(range(12))
+    assert sorted(len(owned(plan, m)) for m in plan) == [4, 4, 4]
+
+
+def test_members_keep_what_they_owned_when_one_joins() -> None:
+    claims = {
+        "a": MemberClaim(url="http://a", owned=list(range(0, 6))),
+        "b": MemberClaim(url="http://b", owned=list(range(6, 12))),
+        "c": MemberClaim(url="http://c"),
+    }
+    plan = plan_cluster(claims, range(12))
+    assert sorted(len(owned(plan, m)) for m in plan) == [4, 4, 4]
+    assert set(owned(plan, "a")) <= set(range(0, 6))
+    assert set(owned(plan, "b")) <= set(range(6, 12))
+
+
+def test_a_dead_members_partitions_go_to_their_standby() -> None:
+    # c died; b kept standbys of 8..11 (caught up), a has stale copies of two of them.
+    claims = {
+        "a": MemberClaim(url="http://a", owned=[0, 1, 2, 3], warm={8: 5, 9: 5}),
+        "b": MemberClaim(
+            url="http://b", owned=[4, 5, 6, 7], warm={8: 900, 9: 900, 10: 900, 11: 900}
+        ),
+    }
+    plan = plan_cluster(claims, range(12))
+    assert sorted(len(owned(plan, m)) for m in plan) == [6, 6]
+    moved = set(owned(plan, "b")) - {4, 5, 6, 7}
+    assert moved <= {8, 9, 10, 11} and len(moved) == 2
+
+
+def test_standbys_live_on_other_members() -> None:
+    claims = {m: MemberClaim(url=f"http://{m}") for m in ("a", "b", "c")}
+    plan = plan_cluster(claims, range(12), standby_replicas=1)
+    for member in plan.values():
+        assert not set(member.partitions) & set(member.standbys)
+    assert sorted(p for m in plan.values() for p in m.standbys) == list(range(12))
+    assert plan_cluster({"a": claims["a"]}, range(4), standby_replicas=2)["a"].standbys == []
