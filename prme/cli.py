@@ -242,10 +242,13 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
     from prme.producers.factory import open_dead_letters, open_transport
     from prme.projectors.runner import ProjectorRunner
     from prme.projectors.status import partition_statuses, record_statuses
+    from prme.query.data_lock import DataDirLock
     from prme.query.engine import default_provider
     from prme.schemas.metrics import Metrics
     from prme.schemas.tracing import Tracing
 
+    settings.data_path.mkdir(parents=True, exist_ok=True)
+    lock = DataDirLock.acquire(settings.data_path)
     transport, dead_letters = open_transport(settings), open_dead_letters(settings)
     await transport.start()
     await dead_letters.start()
@@ -254,7 +257,13 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
         tracing=Tracing.create(settings.tracing.enabled),
     )
     runner = ProjectorRunner(
-        settings, transport, default_provider(settings), dead_letters=dead_letters, metrics=metrics
+        settings,
+        transport,
+        default_provider(settings),
+        dead_letters=dead_letters,
+        metrics=metrics,
+        group=settings.cluster.group,
+        keep_revoked=lock.held,  # --workers share one directory: hand shards over at once
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -284,15 +293,22 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
         await runner.close()
         await dead_letters.close()
         await transport.close()
+        lock.release()
 
 
 def _project_command(args: argparse.Namespace) -> int:
     from prme.logs import configure
+    from prme.query.data_lock import DataDirLock
+    from prme.schemas.errors import DataDirInUse
 
     configure(args.log_format, tag=f"prme project[{os.getpid()}]")
     settings = _settings(args)
     if args.workers <= 1:
-        asyncio.run(_project(settings, args.metrics_port))
+        try:
+            asyncio.run(_project(settings, args.metrics_port))
+        except DataDirInUse as error:
+            print(f"prme project: {error}", file=sys.stderr)
+            return 2
         return 0
     if settings.log.transport != "kafka":
         print(
@@ -300,6 +316,12 @@ def _project_command(args: argparse.Namespace) -> int:
             "partitions); the local log is projected by one process",
             file=sys.stderr,
         )
+        return 2
+    settings.data_path.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = DataDirLock.acquire(settings.data_path)  # the workers share it with us
+    except DataDirInUse as error:
+        print(f"prme project: {error}", file=sys.stderr)
         return 2
     command = [sys.executable, "-m", "prme.cli", "project", "--workers", "1"]
     command += ["--log-format", args.log_format]
@@ -327,7 +349,10 @@ def _project_command(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
-    return max(worker.wait() for worker in workers)
+    try:
+        return max(worker.wait() for worker in workers)
+    finally:
+        lock.release()
 
 
 async def _rebuild(args: argparse.Namespace) -> int:

@@ -32,9 +32,8 @@ class _Listener(ConsumerRebalanceListener):
             await self._on_revoked(partitions)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        partitions = {tp.partition for tp in assigned if tp.topic == self._topic}
-        if partitions:
-            await self._on_assigned(partitions)
+        # Also when empty: a member with nothing to project has still been assigned.
+        await self._on_assigned({tp.partition for tp in assigned if tp.topic == self._topic})
 
 
 def _anonymous() -> MemberClaim:

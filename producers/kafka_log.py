@@ -399,6 +399,15 @@ class KafkaLogTransport:
             request_timeout_s=self._timeout_s,
             client_id=self._client_id,
             membership=membership,
+            **(
+                {}
+                if membership is None
+                else {
+                    "session_timeout_ms": int(membership.session_timeout_s * 1000),
+                    # a survivor learns of a rebalance at its next heartbeat
+                    "heartbeat_interval_ms": int(membership.session_timeout_s * 100),
+                }
+            ),
         )
 
     async def __aenter__(self) -> KafkaLogTransport:

@@ -56,6 +56,7 @@ class Membership:
     on_map: Callable[[ClusterMap], None]
     standby_replicas: int = 0
     static_members: Sequence[str] = ()
+    session_timeout_s: float = 10.0
 
 
 @runtime_checkable

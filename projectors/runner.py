@@ -27,6 +27,7 @@ from .embeddings.vector_cache import VectorCache, embed_with_cache
 from .model import ModelName
 from .registry import MODEL_NAMES, read_models
 from .shard import Shard, replace_model_directory, shard_directory
+from .standby import StandbyKeeper
 from .vector_changelog import RestoreStats, VectorChangelog
 
 GROUP = "prme-projectors"
@@ -62,10 +63,12 @@ class ProjectorRunner:
         vectors: VectorBackend | None = None,
         metrics: Metrics | None = None,
         url: str = "",
+        keep_revoked: bool = True,
     ) -> None:
         """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name.
         ``url``: where this node is reached, carried to the group with its claim (empty:
-        a worker that projects but serves nothing)."""
+        a worker that projects but serves nothing). ``keep_revoked=False`` closes a revoked
+        shard at once (processes sharing one data directory hand shards to each other)."""
         self.settings = settings
         self.transport = transport
         self.provider = provider
@@ -89,6 +92,8 @@ class ProjectorRunner:
         """One entry per vector changelog restore this runner ran (partition, records, s)."""
         self.shards: dict[int, Shard] = {}
         self.url = url
+        self._keep_revoked = keep_revoked
+        self._parked: dict[int, Shard] = {}
         self.cluster_map: ClusterMap | None = None
         """The newest map the group handed this member (None before the first one)."""
         self._targets: dict[int, int] = {}
@@ -109,6 +114,10 @@ class ProjectorRunner:
         self._stopping = False
         self._assigned = asyncio.Event()
         self._owned_last: set[int] = set()
+        self.standbys = StandbyKeeper(
+            transport, self._open_standby, self._apply_standby, self._partition_lock
+        )
+        """Warm copies of partitions other nodes own (``cluster.standby_replicas``)."""
         self.dead_letter_count = 0
         self.dead_letters_by_partition: dict[int, int] = {}
 
@@ -119,13 +128,14 @@ class ProjectorRunner:
         self._data_dir.mkdir(parents=True, exist_ok=True)
         if self.changelog is not None:
             await self.changelog.start()
-        self._held = {p: -1 for p in existing_shards(self._data_dir)}
+        self._held = {p: 0 for p in existing_shards(self._data_dir)}
         membership = Membership(
             url=self.url,
             claim=self._claim,
             on_map=self._on_map,
             standby_replicas=self.settings.cluster.standby_replicas,
             static_members=self.settings.cluster.static_members,
+            session_timeout_s=self.settings.cluster.session_timeout_s,
         )
         self._consumer = self.transport.consumer(self._group, membership)
         await self._consumer.start(self._on_assigned, self._on_revoked)
@@ -145,6 +155,8 @@ class ProjectorRunner:
             await asyncio.wait({task}, timeout=30)
         for partition in list(self.shards):
             await self._close_shard(partition)
+        await self._close_parked(keep=set())
+        await self.standbys.close()
         if self.changelog is not None:
             await self.changelog.close()
         self._vector_cache.close()
@@ -155,6 +167,7 @@ class ProjectorRunner:
         generation = -1 if self.cluster_map is None else self.cluster_map.generation
         for partition, shard in self.shards.items():
             self._held[partition] = shard.position
+        self._held.update(self.standbys.positions())
         owned = sorted(self._owned_last)
         return MemberClaim(url=self.url, owned=owned, warm=dict(self._held), generation=generation)
 
@@ -162,6 +175,9 @@ class ProjectorRunner:
         self.cluster_map = cluster_map
         mine = cluster_map.member(self.url) if self.url else None
         self._owned_last = set(mine.partitions) if mine is not None else set(self.shards)
+        if mine is not None:
+            self.standbys.want(set(mine.standbys), set(mine.partitions))
+        self.metrics.cluster_partitions.labels("standby").set(len(mine.standbys) if mine else 0)
         _log.info(
             "cluster generation %d: %s",
             cluster_map.generation,
@@ -180,34 +196,76 @@ class ProjectorRunner:
         if self._stopping:  # a rebalance can complete while the consumer is closing
             return
         _log.info("assigned partitions %s", sorted(partitions))
+        await self._close_parked(keep=partitions)
         ends = await self.transport.end_offsets()
         for partition in sorted(partitions):
-            if partition not in self.shards:
-                shard = Shard(
-                    shard_directory(self._data_dir, partition),
-                    partition,
-                    self.settings,
-                    self.identity,
-                    vectors=self.vectors,
-                    metrics=self.metrics,
-                    changelog=self.changelog,
-                )
-                await shard.open(lazily=True)
-                self.shards[partition] = shard
+            if partition in self._parked:
+                self.shards[partition] = self._parked.pop(partition)
+            elif partition not in self.shards:
+                async with self._partition_lock(partition):
+                    promoted = self.standbys.take(partition)
+                if promoted is not None:
+                    _log.info("partition %d: the standby takes over", partition)
+                    self.metrics.standby_promotions.inc()
+                    self.shards[partition] = promoted
+                else:
+                    self.shards[partition] = await self._new_shard(partition, lazily=True)
             assert self._consumer is not None
             self._consumer.seek(partition, self.shards[partition].applied_offset() + 1)
             self._targets[partition] = ends.get(partition, 0)
         self._owned_last = set(self.shards)
+        self.metrics.cluster_partitions.labels("owner").set(len(self.shards))
         self._assigned.set()
         async with self._progress:
             self._progress.notify_all()
 
+    async def _new_shard(self, partition: int, *, lazily: bool) -> Shard:
+        shard = Shard(
+            shard_directory(self._data_dir, partition),
+            partition,
+            self.settings,
+            self.identity,
+            vectors=self.vectors,
+            metrics=self.metrics,
+            changelog=self.changelog,
+        )
+        await shard.open(lazily=lazily)
+        return shard
+
+    async def _open_standby(self, partition: int) -> Shard:
+        return await self._new_shard(partition, lazily=False)
+
+    async def _apply_standby(self, partition: int, shard: Shard, entries: list[Any]) -> None:
+        """Apply to a standby shard (the caller holds the partition's lock)."""
+        if self.changelog is not None and not self.changelog.restored(partition):
+            self.restores.append(await self.changelog.restore(partition))
+        for letter in await shard.apply(entries, self._encode):
+            _log.warning("standby p%d@%d: %s", letter.partition, letter.offset, letter.error)
+
     async def _on_revoked(self, partitions: set[int]) -> None:
+        """Kafka's classic protocol revokes every partition at each rebalance; the sticky
+        plan gives most of them back, so their shards stay open (parked, not served nor
+        applied) until the assignment says which to close."""
         _log.info("revoked partitions %s", sorted(partitions))
         async with self._apply_lock:
             for partition in partitions:
                 async with self._partition_lock(partition):  # waits out a rebuild's swap
-                    await self._close_shard(partition)
+                    if self._keep_revoked and partition in self.shards:
+                        self._targets.pop(partition, None)
+                        self._consumed.pop(partition, None)
+                        self._held[partition] = self.shards[partition].position
+                        self._parked[partition] = self.shards.pop(partition)
+                    else:
+                        await self._close_shard(partition)
+
+    async def _close_parked(self, keep: set[int]) -> None:
+        for partition in sorted(set(self._parked) - keep):
+            async with self._partition_lock(partition):
+                shard = self._parked.pop(partition, None)
+                if self.changelog is not None:
+                    self.changelog.forget(partition)
+                if shard is not None:
+                    await shard.close()
 
     async def _close_shard(self, partition: int) -> None:
         self._targets.pop(partition, None)

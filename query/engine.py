@@ -179,6 +179,7 @@ class MemoryEngine(MemoryBackend):
             metrics=metrics or metrics_from(settings),
             url=url or "",
             group=settings.cluster.group,
+            keep_revoked=lock.held,  # under a parent's lock, sibling processes share shards
         )
         router = None
         if url is not None:
@@ -282,11 +283,15 @@ class MemoryEngine(MemoryBackend):
             await self.wait_for([result.token for result in results])
         except (ConsistencyTimeout, ShardUnavailable) as error:
             tokens = ", ".join(f"{r.token.partition}:{r.token.offset}" for r in results)
-            raise WriteUnconfirmed(
+            message = (
                 f"written to the log (tokens {tokens}) but not yet applied: {error}. The "
-                "write will be applied; a retry with the same request_id writes nothing",
-                written=list(results),
-            ) from error
+                "write will be applied; a retry with the same request_id writes nothing"
+            )
+            if isinstance(error, ConsistencyTimeout):
+                raise WriteUnconfirmed(message, written=list(results)) from error
+            stopped = ShardUnavailable(message)  # the projector stopped: still a 503
+            stopped.written = list(results)
+            raise stopped from error
 
     async def delete_message(
         self, user_id: str, event_id: str, *, wait: bool = True

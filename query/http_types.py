@@ -210,6 +210,8 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     """Partitions this node owns now."""
     serving: list[int]
     """Of those, the ones caught up and answering (the rest are being restored)."""
+    standbys: dict[int, int] = {}
+    """Standby copies kept here: partition -> the offset applied so far."""
 
 
 class Health(msgspec.Struct, frozen=True):

@@ -29,7 +29,6 @@ from prme.schemas.errors import (
     PRMEError,
     ShardUnavailable,
     Unauthenticated,
-    WriteUnconfirmed,
 )
 from prme.schemas.records import Message
 
@@ -340,6 +339,7 @@ async def cluster(engine: EngineDep) -> ClusterView:
         members=[] if cluster_map is None else list(cluster_map.members),
         owned=sorted(here.shards),
         serving=sorted(p for p in here.shards if here.serving(p)),
+        standbys=here.standbys.positions(),
     )
 
 
@@ -389,8 +389,9 @@ def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[Any]:
             headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
         if isinstance(error, NotOwner):
             headers[NOT_OWNER_HEADER] = "1"
-        if isinstance(error, WriteUnconfirmed):
-            return _error(status, kind, str(error), headers, written=error.written)
+        written = getattr(error, "written", None)
+        if written:  # appended before it failed: say what is on the log
+            return _error(status, kind, str(error), headers, written=written)
         return _error(status, kind, str(error), headers)
     log.exception("unexpected PRME error", exc_info=error)
     return _error(500, "internal", str(error))

@@ -6,6 +6,9 @@ from __future__ import annotations
 class PRMEError(Exception):
     """Base class of every error PRME raises on purpose."""
 
+    written: list[object] = []
+    """For an error after an append: what was appended (ids and consistency tokens)."""
+
 
 class InvalidInput(PRMEError, ValueError):
     """Input was rejected before anything was written."""
@@ -51,7 +54,7 @@ class WriteUnconfirmed(ConsistencyTimeout):
 
     def __init__(self, message: str, written: list[object] | None = None) -> None:
         super().__init__(message)
-        self.written = written or []
+        self.written = list(written or [])
 
 
 class ShardUnavailable(PRMEError):

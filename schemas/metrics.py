@@ -138,6 +138,11 @@ class Metrics:
             "partition, by outcome: forwarded, not_owner (retried), unreachable (retried)",
             ("outcome",),
         )
+        self.standby_promotions = counter(
+            "prme_cluster_standby_promotions",
+            "Partitions this node took over from a standby copy it kept (no replay from the "
+            "start of the partition)",
+        )
         self.cluster_partitions = gauge(
             "prme_cluster_owned_partitions",
             "Partitions this node owns (serves and projects), and those it keeps as standbys",

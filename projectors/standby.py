@@ -1,0 +1,119 @@
+"""Standby replicas: warm copies of partitions another node owns, applied continuously.
+
+The group leader names each partition's standbys in the cluster map
+(``cluster.standby_replicas``). A standby shard is an ordinary shard in this node's data
+directory, read from the log (not through the group: the owner holds the partition there)
+and applied like the owner applies it, vectors from the changelog included. When the
+owner dies the leader hands the partition to its most caught-up standby, and the runner
+promotes the open shard: it is served as soon as it reaches the log end, which a standby
+is a poll away from, instead of after a replay of the whole partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from prme.producers.transport import LogTransport
+
+from .shard import Shard
+
+POLL_S = 0.2
+"""How often a caught-up standby asks the log for more."""
+CHUNK = 4096
+"""Records read (and applied as one batch) at a time."""
+_log = logging.getLogger("prme.standby")
+
+
+class StandbyKeeper:
+    """Opens, applies and closes this node's standby shards as the map asks."""
+
+    def __init__(
+        self,
+        transport: LogTransport,
+        open_shard: Callable[[int], Awaitable[Shard]],
+        apply: Callable[[int, Shard, list[object]], Awaitable[None]],
+        lock: Callable[[int], asyncio.Lock],
+    ) -> None:
+        self._transport = transport
+        self._open_shard = open_shard
+        self._apply = apply
+        self._lock = lock
+        self.shards: dict[int, Shard] = {}
+        self._wanted: set[int] = set()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.failure: BaseException | None = None
+
+    def want(self, partitions: set[int], owned: set[int]) -> None:
+        """The standbys the newest map gives this node (opened and closed by the loop);
+        those it now owns stay open until :meth:`take` hands them to the runner."""
+        self._wanted = set(partitions) | (set(self.shards) & owned)
+        self._changed.set()
+        if self._task is None and partitions:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="prme-standbys")
+
+    def take(self, partition: int) -> Shard | None:
+        """Hand a standby shard over (its partition became this node's); None if not
+        kept here. The caller holds the partition's lock."""
+        self._wanted.discard(partition)
+        return self.shards.pop(partition, None)
+
+    def positions(self) -> dict[int, int]:
+        return {p: s.position for p, s in self.shards.items()}
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for partition in list(self.shards):
+            async with self._lock(partition):
+                shard = self.shards.pop(partition, None)
+                if shard is not None:
+                    await shard.close()
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                await self._reconcile()
+                applied = 0
+                for partition in list(self.shards):
+                    applied += await self._step(partition)
+                if not applied:
+                    self._changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), POLL_S)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # the owner still serves; this copy is stale
+            self.failure = error
+            _log.exception("standby replicas stopped")
+
+    async def _reconcile(self) -> None:
+        for partition in sorted(set(self.shards) - self._wanted):
+            async with self._lock(partition):
+                shard = self.shards.pop(partition, None)
+                if shard is not None:
+                    await shard.close()
+                    _log.info("standby of partition %d closed", partition)
+        for partition in sorted(self._wanted - set(self.shards)):
+            async with self._lock(partition):
+                if partition in self._wanted and partition not in self.shards:
+                    self.shards[partition] = await self._open_shard(partition)
+                    _log.info("standby of partition %d opened", partition)
+
+    async def _step(self, partition: int) -> int:
+        async with self._lock(partition):
+            shard = self.shards.get(partition)
+            if shard is None:
+                return 0
+            await shard.ensure_open()
+            start = max(shard.position, shard.applied_offset()) + 1
+            entries = await self._transport.read(partition, start, CHUNK)
+            if entries:
+                await self._apply(partition, shard, list(entries))
+            return len(entries)
