@@ -272,3 +272,42 @@ def test_processes_split_the_embedded_log_behind_one_port(tmp_path: Path) -> Non
         parent.terminate()
         parent.wait(timeout=60)
     assert parent.returncode == 0, log.read_text()
+
+
+def test_a_write_whose_owner_never_answers_says_it_was_written(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic = f"orphan-{uuid.uuid4().hex[:8]}"
+    env = node_env(
+        kafka_bootstrap, topic, f"{topic}-nobody", PRME_QUERY__CONSISTENCY_TIMEOUT_S="1.0"
+    )
+    router = Node(tmp_path, "router", env, ["--no-project"])
+    with running([router]):
+        deadline = time.monotonic() + 120
+        while True:  # up (not ready: the group has no member to hand out a map)
+            try:
+                if router.get("/v1/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, router.log()
+            time.sleep(0.2)  # poll interval while the node starts
+        body = {"user_id": "orphan", "content": "written, not yet applied", "request_id": "r1"}
+        first = router.post("/v1/memories", body)
+        assert first.status_code == 504, first.text
+        assert first.json()["error"] == "write_unconfirmed"
+        token = first.json()["written"][0]["token"]
+        again = router.post("/v1/memories", body)  # a retry with the same request_id
+        assert again.status_code == 504
+        assert again.json()["written"][0]["token"] == token
+        read = router.get("/v1/history", params={"user_id": "orphan"})
+        assert read.status_code == 503 and read.headers["retry-after"], read.text
+    audit = subprocess.run(
+        [sys.executable, "-m", "prme.cli", "audit", "--owner", "orphan"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert audit.returncode == 0, audit.stderr
+    assert len(audit.stdout.strip().splitlines()) == 1  # on the log once
