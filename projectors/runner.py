@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prme.producers.factory import open_vector_changelog
+from prme.producers.factory import open_key_store, open_vector_changelog
+from prme.producers.keys import KeyStore
 from prme.producers.transport import LogConsumer, LogTransport
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConsistencyTimeout, ShardUnavailable, TransportError
@@ -23,6 +24,7 @@ from .dead_letters import DeadLetter, send_dead_letter
 from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
 from .embeddings.validation import identity_of
 from .embeddings.vector_cache import VectorCache, embed_with_cache
+from .erasure import Forgetting
 from .model import ModelName
 from .registry import MODEL_NAMES, read_models
 from .shard import Shard, replace_model_directory, shard_directory
@@ -60,8 +62,10 @@ class ProjectorRunner:
         batch_size: int = 256,
         vectors: VectorBackend | None = None,
         metrics: Metrics | None = None,
+        keys: KeyStore | None = None,
     ) -> None:
-        """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name."""
+        """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name;
+        without ``keys``, the key store ``settings`` name (it opens sealed records)."""
         self.settings = settings
         self.transport = transport
         self.provider = provider
@@ -75,6 +79,9 @@ class ProjectorRunner:
         self._vector_cache = VectorCache(self._data_dir / "vector_cache.sqlite3")
         self.metrics = metrics if metrics is not None else Metrics(enabled=False)
         self._sample_caches()
+        self._owns_keys = keys is None
+        self.keys: KeyStore = keys if keys is not None else open_key_store(settings)
+        self.forgetting = Forgetting(self.keys, self._vector_cache, self.identity)
         changelog_log = open_vector_changelog(settings)
         self.changelog = (
             None
@@ -103,6 +110,8 @@ class ProjectorRunner:
     async def start(self) -> None:
         """Join the consumer group and start applying in the background."""
         self._data_dir.mkdir(parents=True, exist_ok=True)
+        if self._owns_keys:
+            await self.keys.start()
         if self.changelog is not None:
             await self.changelog.start()
         self._consumer = self.transport.consumer(self._group)
@@ -125,6 +134,8 @@ class ProjectorRunner:
             await self._close_shard(partition)
         if self.changelog is not None:
             await self.changelog.close()
+        if self._owns_keys:
+            await self.keys.close()
         self._vector_cache.close()
         if self._owns_vectors:
             self.vectors.close()
@@ -143,6 +154,7 @@ class ProjectorRunner:
                     vectors=self.vectors,
                     metrics=self.metrics,
                     changelog=self.changelog,
+                    forgetting=self.forgetting,
                 )
                 await shard.open(lazily=True)
                 self.shards[partition] = shard
@@ -453,6 +465,7 @@ class ProjectorRunner:
             models=models,
             vectors=self.vectors,
             metrics=self.metrics,
+            forgetting=self.forgetting,
         )
         await staged.open()
         self.metrics.rebuild_target.labels(str(partition)).set(target)
