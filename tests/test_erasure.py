@@ -1,0 +1,157 @@
+"""Erasure reaches the disk: after ``erase_owner`` no file under the data directory (log,
+key store, read models, WAL files, Tantivy segments, vector shards, vector cache) holds
+the owner's text, and the log keeps only the owner's envelopes (crypto-shredding)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from prme import MemoryEngine, MessageDraft
+from prme.producers.audit import audit_owner
+from prme.producers.partitioner import partition_for_key
+from prme.schemas.config import Settings
+
+BOB = "bob-1"
+"""Lives in alice's partition (of 4): their documents share Tantivy segments and SQLite
+pages, so erasing alice must purge around bob's data, not drop whole files."""
+
+
+def files_holding(root: Path, marker: str) -> list[str]:
+    """Every file under ``root`` whose bytes contain ``marker`` (like ``grep -rl``)."""
+    needle = marker.encode()
+    return sorted(
+        str(path.relative_to(root))
+        for path in root.rglob("*")
+        if path.is_file() and needle in path.read_bytes()
+    )
+
+
+def markers() -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:10]
+    return f"alicemark{tag}", f"bobmark{tag}"
+
+
+def drafts(owner: str, marker: str) -> list[MessageDraft]:
+    return [
+        MessageDraft(
+            owner=owner,
+            content=f"The vault code is {marker} and nobody else knows it.",
+            session_id="s1",
+            name=f"{owner}-{marker}-speaker",
+            metadata={"note": marker},
+            fields={"extra": marker},
+        ),
+        MessageDraft(
+            owner=owner,
+            content=[{"type": "text", "text": f"Remember {marker} for the trip to Lisbon."}],
+            session_id="s1",
+            role="assistant",
+            tool_calls=[{"id": "c1", "name": "lookup", "args": {"q": marker}}],
+        ),
+    ]
+
+
+async def write_and_erase(engine: MemoryEngine, data_dir: Path) -> tuple[str, str, Any]:
+    """Both owners write their marker (and one text they share); alice is erased."""
+    assert partition_for_key(b"alice", 4) == partition_for_key(BOB.encode(), 4)
+    alice, bob = markers()
+    await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+    shared = "Both of us like the shared sentence about the harbour."
+    await engine.store(shared, "alice")
+    stored = await engine.store(shared, BOB)
+    await engine.archive(stored.node_ids[0], BOB, reason="kept")
+    assert files_holding(data_dir, alice), "the marker must reach the read models first"
+    before = engine.runner.vector_cache.count()
+    result = await engine.erase_owner("alice")
+    # alice's two texts leave the cache; the text bob shares stays.
+    assert engine.runner.vector_cache.count() == before - 2
+    return alice, bob, result
+
+
+async def check_bob_intact(engine: MemoryEngine, bob: str) -> None:
+    found = await engine.retrieve(f"vault code {bob}", BOB)
+    assert any(bob in result.text for result in found.results)
+    history = await engine.history(BOB, "s1")
+    assert [message.name for message in history][0] == f"{BOB}-{bob}-speaker"
+    assert history[0].metadata == {"note": bob}
+    assert (await engine.retrieve("vault code", "alice")).results == []
+    assert await engine.history("alice", "s1") == []
+
+
+async def audit(engine: MemoryEngine, owner: str) -> list[dict[str, Any]]:
+    rows = [row async for row in audit_owner(engine._transport, owner, keys=engine.runner.keys)]
+    return [msgspec.to_builtins(row) for row in rows]
+
+
+async def test_erasing_an_owner_leaves_no_file_with_its_text_on_the_local_log(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    data_dir = local_settings.data_path
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        alice, bob, _ = await write_and_erase(engine, data_dir)
+        assert files_holding(data_dir, alice) == []
+        assert files_holding(data_dir, bob) != []
+        await check_bob_intact(engine, bob)
+        alice_rows = await audit(engine, "alice")
+        assert [row["record"]["kind"] for row in alice_rows] == [
+            "message",
+            "message",
+            "message",
+            "owner_erased",
+        ]
+        for row in alice_rows[:3]:
+            assert row["record"]["erased"] is True and "content" not in row["record"]
+        bob_rows = await audit(engine, BOB)
+        assert bob in bob_rows[0]["record"]["content"] and "erased" not in bob_rows[0]["record"]
+        # A rebuild replays alice's sealed records: with the key gone they become nothing.
+        await engine.rebuild()
+        assert files_holding(data_dir, alice) == []
+        await check_bob_intact(engine, bob)
+    finally:
+        await engine.close()
+    reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        await check_bob_intact(reopened, bob)
+    finally:
+        await reopened.close()
+    assert files_holding(data_dir, alice) == []
+
+
+async def test_the_log_never_holds_the_text_in_plain(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        alice, _ = markers()
+        await engine.store_many(drafts("alice", alice))
+        assert (await audit(engine, "alice"))[0]["record"]["metadata"] == {"note": alice}
+    finally:
+        await engine.close()
+    log_files = [p for p in local_settings.data_path.iterdir() if p.name.startswith("log.")]
+    assert log_files and all(alice.encode() not in p.read_bytes() for p in log_files)
+
+
+async def test_an_owner_erased_writes_again_under_a_new_key(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        old, new = markers()
+        await engine.store(f"old secret {old}", "alice")
+        await engine.erase_owner("alice")
+        await engine.store(f"new secret {new}", "alice")
+        assert [r.text for r in (await engine.retrieve("secret", "alice")).results] == [
+            f"new secret {new}"
+        ]
+        kinds = [
+            (row["record"]["kind"], "erased" in row["record"])
+            for row in await audit(engine, "alice")
+        ]
+        assert kinds == [("message", True), ("owner_erased", False), ("message", False)]
+    finally:
+        await engine.close()
