@@ -10,7 +10,8 @@ catches up and finds it or the key was erased).
 Compaction removes an erased key's record once its segment is closed: the topic is
 created with ``KEYS_TOPIC_CONFIGS``: ``segment.ms`` and ``max.compaction.lag.ms`` of a
 minute, ``min.compaction.lag.ms=0``, and ``delete.retention.ms`` of a minute (how long the
-tombstone itself stays). Kafka closes a segment when a record is appended after
+tombstone itself stays); the segment files compaction replaces are deleted a second later
+(``file.delete.delay.ms``). Kafka closes a segment when a record is appended after
 ``segment.ms``, so the bound (about two minutes plus the cleaner's backoff) holds while the
 topic gets writes (new owners, other erasures); the tombstone hides the key from every
 reader at once either way.
@@ -32,6 +33,7 @@ KEYS_TOPIC_CONFIGS: dict[str, str] = {
     "segment.ms": "60000",
     "delete.retention.ms": "60000",
     "min.cleanable.dirty.ratio": "0.01",
+    "file.delete.delay.ms": "1000",
 }
 _SEPARATOR = b"\x1f"
 

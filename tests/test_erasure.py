@@ -4,11 +4,13 @@ the owner's text, and the log keeps only the owner's envelopes (crypto-shredding
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from prme import MemoryEngine, MessageDraft
 from prme.producers.audit import audit_owner
@@ -153,5 +155,84 @@ async def test_an_owner_erased_writes_again_under_a_new_key(
             for row in await audit(engine, "alice")
         ]
         assert kinds == [("message", True), ("owner_erased", False), ("message", False)]
+    finally:
+        await engine.close()
+
+
+def broker_log_dir(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """The log directory of the test session's broker started by kafka.sh (its data dir
+    holds a ``bootstrap`` file naming it); ``None`` for a broker started elsewhere."""
+    for named in tmp_path_factory.getbasetemp().glob("kafka*/bootstrap"):
+        if named.read_text().strip() == bootstrap:
+            return named.parent / "logs"
+    return None
+
+
+@pytest.mark.kafka
+async def test_erasing_an_owner_on_kafka_leaves_no_text_on_the_node_or_the_broker(
+    kafka_settings: Settings,
+    hashed_provider: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    data_dir = kafka_settings.data_path
+    engine = await MemoryEngine.create(settings=kafka_settings, embedding_provider=hashed_provider)
+    broker = broker_log_dir(kafka_settings.log.bootstrap, tmp_path_factory)
+    try:
+        alice, bob, _ = await write_and_erase(engine, data_dir)
+        assert files_holding(data_dir, alice) == []
+        await check_bob_intact(engine, bob)
+        alice_rows = await audit(engine, "alice")
+        assert alice_rows and all(row["record"].get("erased") for row in alice_rows[:-1]), (
+            alice_rows
+        )
+        if broker is not None:
+            topic = kafka_settings.log.topic
+            held = files_holding(broker, alice) + files_holding(broker, bob)
+            assert held == [], held  # the events topic only ever had ciphertext
+            assert any(p.name.startswith(topic + ".keys-") for p in broker.iterdir())
+    finally:
+        await engine.close()
+    assert files_holding(data_dir, alice) == []
+
+
+@pytest.mark.kafka
+async def test_compaction_removes_an_erased_owners_key_from_the_broker(
+    kafka_settings: Settings,
+    hashed_provider: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    broker = broker_log_dir(kafka_settings.log.bootstrap, tmp_path_factory)
+    if broker is None:
+        pytest.skip("the broker's log directory is not on this machine")
+    fast = {
+        "segment.ms": "1000",
+        "max.compaction.lag.ms": "1000",
+        "delete.retention.ms": "1000",
+    }
+    settings = kafka_settings.replace(log={"keys_topic_configs": fast})
+    engine = await MemoryEngine.create(settings=settings, embedding_provider=hashed_provider)
+    try:
+        await engine.store("a memory to erase", "alice")
+        await engine.store("a memory to keep", BOB)
+        keys = await engine.runner.keys.writing_keys(["alice", BOB])
+        topic_dirs = sorted(broker.glob(settings.log.topic + ".keys-*"))
+
+        def held(key: bytes) -> bool:
+            return any(
+                key in p.read_bytes() for d in topic_dirs for p in d.iterdir() if p.is_file()
+            )
+
+        assert held(keys["alice"].key) and held(keys[BOB].key)
+        await engine.erase_owner("alice")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 90
+        writes = 0
+        while held(keys["alice"].key):
+            assert loop.time() < deadline, "the erased key is still on the broker after 90 s"
+            # Kafka rolls a segment only when a record arrives past segment.ms.
+            await asyncio.sleep(1.5)
+            writes += 1
+            await engine.store("a later owner", f"later-{writes}")
+        assert held(keys[BOB].key)
     finally:
         await engine.close()
