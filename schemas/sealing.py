@@ -148,7 +148,11 @@ class Sealer:
         """The record in ``data`` and its plain bytes: a plain record as it is; a sealed one
         opened with ``key``, or an :class:`ErasedRecord` (and ``data``) when ``key`` is
         ``None``. RecordDecodeError when the bytes are no record or do not open."""
-        envelope = envelope_of(data)
+        try:
+            envelope = _envelope_decoder.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as error:
+            decode_record(data)  # raises the codec's own explanation (not msgpack, kind, ...)
+            raise RecordDecodeError(f"invalid record envelope: {error}") from error
         if envelope.sealed is None:
             return decode_record(data), data
         if key is None or envelope.kid is None:
