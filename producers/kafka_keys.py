@@ -19,6 +19,8 @@ reader at once either way.
 
 from __future__ import annotations
 
+import asyncio
+
 from prme.schemas.sealing import DataKey, new_data_key
 
 from .kafka_changelog import KafkaChangelog
@@ -104,12 +106,20 @@ class KafkaKeyStore(CachingKeyStore):
                     found[owner] = dict(state[owner])
         return found
 
-    async def _create(self, owner: str) -> DataKey:
-        key = new_data_key()
-        partition = self._partitioner(owner.encode())
-        await self._topic.publish(partition, [(key_of(owner, key.kid), key.key)])
-        self._state.setdefault(partition, {}).setdefault(owner, {})[key.kid] = key.key
-        return key
+    async def _create(self, owners: list[str]) -> dict[str, DataKey]:
+        created = {owner: new_data_key() for owner in owners}
+        by_partition: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        for owner, key in created.items():
+            partition = self._partitioner(owner.encode())
+            by_partition.setdefault(partition, []).append((key_of(owner, key.kid), key.key))
+        # Every key is acknowledged before any record sealed with it is appended.
+        await asyncio.gather(
+            *(self._topic.publish(p, records) for p, records in by_partition.items())
+        )
+        for owner, key in created.items():
+            partition = self._partitioner(owner.encode())
+            self._state.setdefault(partition, {}).setdefault(owner, {})[key.kid] = key.key
+        return created
 
     async def _delete(self, owner: str) -> None:
         partition = self._partitioner(owner.encode())

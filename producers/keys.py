@@ -69,8 +69,9 @@ class CachingKeyStore:
         """The stored keys ``{kid: key}`` of each owner (authoritative, not cached)."""
         raise NotImplementedError
 
-    async def _create(self, owner: str) -> DataKey:
-        """Store a new key for ``owner``, or return one another writer stored first."""
+    async def _create(self, owners: list[str]) -> dict[str, DataKey]:
+        """Store a new key for each owner (in one write), or return the one another writer
+        stored first."""
         raise NotImplementedError
 
     async def _delete(self, owner: str) -> None:
@@ -96,13 +97,16 @@ class CachingKeyStore:
                 or now - self._read_at.get(owner, 0.0) > self._write_ttl_s
             ]
             await self._refresh(stale)
+            keyless = [owner for owner in wanted if not self._held.get(owner)]
+            if keyless:
+                created = await self._create(keyless)
+                now = time.monotonic()
+                for owner, key in created.items():
+                    self._held[owner] = {key.kid: key.key}
+                    self._read_at[owner] = now
             chosen: dict[str, DataKey] = {}
             for owner in wanted:
-                held = self._held.get(owner)
-                if not held:
-                    created = await self._create(owner)
-                    held = self._held[owner] = {created.kid: created.key}
-                    self._read_at[owner] = time.monotonic()
+                held = self._held[owner]
                 kid = next(iter(held))
                 chosen[owner] = DataKey(kid, held[kid])
             return chosen
@@ -210,26 +214,28 @@ class LocalKeyStore(CachingKeyStore):
                 found.setdefault(owner, {})[kid] = bytes(key)
         return found
 
-    async def _create(self, owner: str) -> DataKey:
-        return await self._run(self._insert, owner)  # type: ignore[no-any-return]
+    async def _create(self, owners: list[str]) -> dict[str, DataKey]:
+        return await self._run(self._insert, owners)  # type: ignore[no-any-return]
 
-    def _insert(self, owner: str) -> DataKey:
+    def _insert(self, owners: list[str]) -> dict[str, DataKey]:
         db = self._require()
+        created: dict[str, DataKey] = {}
         db.execute("BEGIN IMMEDIATE")
         try:
-            row = db.execute(
-                "SELECT kid, key FROM data_keys WHERE owner = ? LIMIT 1", (owner,)
-            ).fetchone()
-            if row is not None:  # another process created it first
-                db.execute("COMMIT")
-                return DataKey(row[0], bytes(row[1]))
-            key = new_data_key()
-            db.execute("INSERT INTO data_keys VALUES (?, ?, ?)", (owner, key.kid, key.key))
+            for owner in owners:
+                row = db.execute(
+                    "SELECT kid, key FROM data_keys WHERE owner = ? LIMIT 1", (owner,)
+                ).fetchone()
+                if row is not None:  # another process created it first
+                    created[owner] = DataKey(row[0], bytes(row[1]))
+                    continue
+                key = created[owner] = new_data_key()
+                db.execute("INSERT INTO data_keys VALUES (?, ?, ?)", (owner, key.kid, key.key))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        return key
+        return created
 
     async def _delete(self, owner: str) -> None:
         await self._run(self._delete_rows, owner)
