@@ -8,8 +8,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from prme.producers.factory import open_key_store
 from prme.producers.keys import LocalKeyStore
 from prme.schemas.codec import decode_record, encode_record
+from prme.schemas.config import Settings
 from prme.schemas.errors import RecordDecodeError
 from prme.schemas.records import Message, NodeArchived, OwnerErased
 from prme.schemas.sealing import ErasedRecord, Sealer, envelope_of, is_sealed, new_data_key
@@ -120,3 +122,52 @@ async def test_the_local_key_store_keeps_one_key_per_owner_until_it_is_erased(
         await second.close()
     held = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
     assert alice.key not in held and bob.key in held
+
+
+@pytest.mark.kafka
+async def test_the_kafka_key_store_shares_keys_between_nodes_until_a_tombstone(
+    kafka_settings: Settings,
+) -> None:
+    first, second = open_key_store(kafka_settings), open_key_store(kafka_settings)
+    await first.start()
+    await second.start()
+    try:
+        created = await first.writing_keys(["alice", "bob"])
+        alice = created["alice"]
+        # Another node finds the key by reading the topic to its end on a miss.
+        assert await second.reading_keys([("alice", alice.kid)]) == {
+            ("alice", alice.kid): alice.key
+        }
+        assert (await second.writing_keys(["alice"]))["alice"] == alice
+        await first.erase("alice")
+        second.forget("alice")  # what the projector does at the owner_erased record
+        assert await second.reading_keys([("alice", alice.kid)]) == {}
+        bob = created["bob"]
+        assert await second.reading_keys([("bob", bob.kid)]) == {("bob", bob.kid): bob.key}
+    finally:
+        await first.close()
+        await second.close()
+    cold = open_key_store(kafka_settings)
+    await cold.start()
+    try:
+        assert await cold.reading_keys([("alice", alice.kid)]) == {}
+    finally:
+        await cold.close()
+
+
+def test_bytes_that_are_no_record_raise_the_codecs_own_errors() -> None:
+    from prme.schemas.errors import UnknownRecordKind
+
+    weird = msgspec.msgpack.encode(
+        {
+            "v": 1,
+            "kind": "weird",
+            "event_id": "e",
+            "owner": "alice",
+            "recorded_at": "2026-01-01T00:00:00Z",
+        }
+    )
+    with pytest.raises(UnknownRecordKind):
+        Sealer().open_with(weird, {})
+    with pytest.raises(RecordDecodeError, match="not msgpack"):
+        Sealer().open_with(b"\xc1 not msgpack", {})
