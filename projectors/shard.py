@@ -66,7 +66,8 @@ class Shard:
     ) -> None:
         """Without ``vectors`` the shard opens (and closes) the backend ``settings`` name.
         ``forgetting``: the key store that opens sealed records and what an erasure purges
-        beyond the models (see ``erasure.Forgetting``)."""
+        beyond the models (see ``erasure.Forgetting``); without it, sealed records are
+        skipped as erased (only plain records are projected)."""
         self.directory = directory
         self._forgetting = forgetting
         self._sealer = Sealer()
