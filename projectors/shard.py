@@ -103,6 +103,8 @@ class Shard:
 
         await self.run(_open)
         self.position = self.applied_offset()
+        if self._forgetting is not None:  # a purge a crash interrupted
+            await self._forgetting.resume(self)
 
     def open_model(self, spec: ReadModelSpec) -> ReadModel:
         """Open ``spec``'s model in ``<directory>/<name>`` (call on the shard's thread)."""
@@ -173,6 +175,8 @@ class Shard:
                 projected = await self._with_vectors(projected, vector.applied_offset(), encode)
             if self._changelog is not None:  # before the models: a crash repeats, never skips
                 await self._changelog.record(self.partition, projected)
+            if self._forgetting is not None:
+                self._forgetting.before_apply(self, projected)
             dead.extend(await self.run(self._apply_all, live, projected))
             if self._forgetting is not None:
                 await self._forgetting.after_apply(self, projected)

@@ -236,3 +236,35 @@ async def test_compaction_removes_an_erased_owners_key_from_the_broker(
         assert held(keys[BOB].key)
     finally:
         await engine.close()
+
+
+async def test_a_purge_a_crash_interrupted_runs_when_the_shard_opens_again(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prme.projectors.erasure import PENDING, Forgetting
+    from prme.schemas.errors import ShardUnavailable
+
+    data_dir = local_settings.data_path
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    alice, bob = markers()
+    try:
+        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+
+        async def crash(self: Forgetting, shard: Any, owners: list[str]) -> None:
+            raise RuntimeError("killed between the deletes and the purge")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(Forgetting, "_purge", crash)
+            with pytest.raises(ShardUnavailable):
+                await engine.erase_owner("alice")
+    finally:
+        await engine.close()
+    assert list(data_dir.glob(f"shards/p*/{PENDING}"))
+    assert files_holding(data_dir, alice)  # the lexical segments still hold the text
+    reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        assert files_holding(data_dir, alice) == []
+        assert not list(data_dir.glob(f"shards/p*/{PENDING}"))
+        await check_bob_intact(reopened, bob)
+    finally:
+        await reopened.close()
