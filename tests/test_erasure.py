@@ -23,25 +23,29 @@ pages, so erasing alice must purge around bob's data, not drop whole files."""
 
 
 def files_holding(root: Path, marker: str) -> list[str]:
-    """Every file under ``root`` whose bytes contain ``marker`` (like ``grep -rl``)."""
-    needle = marker.encode()
-    return sorted(
-        str(path.relative_to(root))
-        for path in root.rglob("*")
-        if path.is_file() and needle in path.read_bytes()
-    )
+    """Every file under ``root`` whose bytes contain ``marker`` or its lower-cased form
+    (entity ids and index terms are lower-cased), like ``grep -rli``."""
+    needles = {marker.encode(), marker.lower().encode()}
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            if any(needle in data for needle in needles):
+                found.append(str(path.relative_to(root)))
+    return sorted(found)
 
 
 def markers() -> tuple[str, str]:
     tag = uuid.uuid4().hex[:10]
-    return f"alicemark{tag}", f"bobmark{tag}"
+    # Capitalised, so the entity extractor makes graph entities of them too.
+    return f"Alicemark{tag}", f"Bobmark{tag}"
 
 
 def drafts(owner: str, marker: str) -> list[MessageDraft]:
     return [
         MessageDraft(
             owner=owner,
-            content=f"The vault code is {marker} and nobody else knows it.",
+            content=f"The vault code is {marker} and nobody else knows it. Ask {marker} Smith.",
             session_id="s1",
             name=f"{owner}-{marker}-speaker",
             metadata={"note": marker},
