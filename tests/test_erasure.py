@@ -272,3 +272,35 @@ async def test_a_purge_a_crash_interrupted_runs_when_the_shard_opens_again(
         await check_bob_intact(reopened, bob)
     finally:
         await reopened.close()
+
+
+async def test_a_pack_written_before_sealing_stays_readable_and_its_models_still_forget(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    from prme.producers.factory import open_transport
+    from prme.producers.producer import Producer
+
+    data_dir = local_settings.data_path
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    await engine.close()
+    alice, bob = markers()
+    transport = open_transport(local_settings)  # an older PRME: no key store, plain records
+    await transport.start()
+    try:
+        old = Producer(transport)
+        await old.append_records([old.build_message(d) for d in drafts("alice", alice)])
+        await old.append_records([old.build_message(d) for d in drafts(BOB, bob)])
+    finally:
+        await transport.close()
+    engine = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        found = await engine.retrieve(f"vault code {alice}", "alice")
+        assert any(alice in result.text for result in found.results)
+        await engine.erase_owner("alice")
+        # The read models forget; the plain records written before sealing keep their text
+        # on the log (docs/ARCHITECTURE.md, "Erasure").
+        held = files_holding(data_dir, alice)
+        assert held and all(Path(p).name.startswith("log.sqlite3") for p in held), held
+        await check_bob_intact(engine, bob)
+    finally:
+        await engine.close()
