@@ -39,6 +39,7 @@ from benchmarks.common import (
 from prme.producers.ingest import draft_from_line, ingest_lines
 from prme.producers.ingest_build import builder_process
 from prme.producers.kafka_log import KafkaLogTransport
+from prme.producers.keys import KeyStore, LocalKeyStore
 from prme.producers.local_log import LocalLogTransport
 from prme.producers.partitioner import partition_for_key
 from prme.producers.producer import Producer
@@ -79,20 +80,29 @@ def encoded_items(path: Path, partitions: int) -> list[tuple[bytes, bytes, int]]
 
 
 async def prme_ingest(
-    path: Path, transport: LogTransport, batch_size: int, *, built: bool = True
+    path: Path,
+    transport: LogTransport,
+    batch_size: int,
+    *,
+    built: bool = True,
+    keys: KeyStore | None = None,
 ) -> float:
     """Records/s of ``ingest_lines`` from ``path`` through ``transport`` (started here);
     with ``built``, lines are built in a worker process as ``prme ingest`` does for a large
     file (forked before the transport starts; the process starts on the first chunk,
-    inside the timing)."""
+    inside the timing); with ``keys``, records are sealed as ``prme ingest`` seals them."""
     builder = builder_process() if built else None
     await transport.start()
+    if keys is not None:
+        await keys.start()
     try:
         with open(path, "rb") as handle:
             summary = await ingest_lines(
-                handle, Producer(transport), batch_size=batch_size, builder=builder
+                handle, Producer(transport, keys=keys), batch_size=batch_size, builder=builder
             )
     finally:
+        if keys is not None:
+            await keys.close()
         await transport.close()
         if builder is not None:
             builder.shutdown()
@@ -143,7 +153,7 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     partitions = arguments.partitions
     items = encoded_items(source, partitions)
     sizes["mean_value_bytes"] = round(sum(len(v) for _, v, _ in items) / len(items), 1)
-    rates: dict[str, list[float]] = {"local": [], "build_only": []}
+    rates: dict[str, list[float]] = {"local": [], "local_sealed": [], "build_only": []}
     broker = (
         kafka_broker(arguments.bootstrap, work / "kafka")
         if arguments.kafka
@@ -158,6 +168,15 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             rates["build_only"].append(build_only(source, partitions))
             local = LocalLogTransport(work / f"local-{run}" / "log.sqlite3", partitions)
             rates["local"].append(await prme_ingest(source, local, arguments.batch_size))
+            sealed_dir = work / f"local-sealed-{run}"
+            rates["local_sealed"].append(
+                await prme_ingest(
+                    source,
+                    LocalLogTransport(sealed_dir / "log.sqlite3", partitions),
+                    arguments.batch_size,
+                    keys=LocalKeyStore(sealed_dir / "keys.sqlite3"),
+                )
+            )
             if bootstrap is None:
                 continue
             topic = f"prme-bench-ingest-{uuid.uuid4().hex[:10]}"

@@ -63,7 +63,7 @@ def _read_lines(path: str) -> Iterator[bytes]:
 async def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from prme.producers.factory import open_transport
+    from prme.producers.factory import open_key_store, open_transport
     from prme.producers.ingest import ingest_lines
     from prme.producers.ingest_build import BUILD_CHUNK, builder_process
     from prme.producers.producer import Producer
@@ -75,18 +75,23 @@ async def _ingest(args: argparse.Namespace) -> int:
     large = total is None or total > 2 * BUILD_CHUNK
     builder = builder_process() if large else None
     transport = open_transport(settings)
+    keys = open_key_store(settings) if settings.log.seal_records else None
     await transport.start()
     try:
+        if keys is not None:
+            await keys.start()
         with tqdm(total=total, unit="rec", disable=args.quiet, file=sys.stderr) as bar:
             summary = await ingest_lines(
                 _read_lines(args.file),
-                Producer(transport, settings.limits),
+                Producer(transport, settings.limits, keys=keys),
                 on_error=args.on_error,
                 batch_size=args.batch_size,
                 progress=bar.update,
                 builder=builder,
             )
     finally:
+        if keys is not None:
+            await keys.close()
         await transport.close()
         if builder is not None:
             builder.shutdown(cancel_futures=True)
@@ -104,18 +109,21 @@ async def _ingest(args: argparse.Namespace) -> int:
 
 async def _audit(args: argparse.Namespace) -> int:
     from prme.producers.audit import audit_owner
-    from prme.producers.factory import open_transport
+    from prme.producers.factory import open_key_store, open_transport
 
-    transport = open_transport(_settings(args))
+    settings = _settings(args)
+    transport, keys = open_transport(settings), open_key_store(settings)
     await transport.start()
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
     try:
-        async for row in audit_owner(transport, args.owner):
+        await keys.start()
+        async for row in audit_owner(transport, args.owner, keys=keys):
             out.write(encoder.encode(row) + b"\n")
     except BrokenPipeError:
         return 0
     finally:
+        await keys.close()
         await transport.close()
         out.flush()
     return 0

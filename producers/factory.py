@@ -14,6 +14,7 @@ from .transport import LogTransport
 
 if TYPE_CHECKING:
     from .kafka_changelog import KafkaChangelog
+    from .keys import KeyStore
 
 
 def open_transport(settings: Settings) -> LogTransport:
@@ -76,3 +77,27 @@ def open_vector_changelog(settings: Settings) -> KafkaChangelog | None:
         min_insync_replicas=log.min_insync_replicas,
         configs=log.vector_changelog_configs,
     )
+
+
+def open_key_store(settings: Settings) -> KeyStore:
+    """The not-yet-started store of owners' data keys: ``keys.sqlite3`` next to the
+    embedded log, or the compacted topic ``<topic>.keys`` on Kafka."""
+    log = settings.log
+    if log.transport == "kafka":
+        from .kafka_changelog import KafkaChangelog
+        from .kafka_keys import KEYS_SUFFIX, KEYS_TOPIC_CONFIGS, KafkaKeyStore
+
+        topic = KafkaChangelog(
+            log.bootstrap,
+            log.topic + KEYS_SUFFIX,
+            log.partitions,
+            request_timeout_s=log.request_timeout_s,
+            client_id="prme-keys",
+            replication_factor=log.replication_factor,
+            min_insync_replicas=log.min_insync_replicas,
+            configs={**KEYS_TOPIC_CONFIGS, **log.keys_topic_configs},
+        )
+        return KafkaKeyStore(topic)
+    from .keys import LocalKeyStore
+
+    return LocalKeyStore(settings.data_path / "keys.sqlite3")

@@ -30,6 +30,8 @@ from prme.schemas.records import (
     Record,
 )
 
+from .keys import KeyStore
+from .sealing import RecordSealer
 from .transport import LogItem, LogTransport, Position
 
 ControlKind = Literal[
@@ -101,8 +103,11 @@ class Producer:
         transport: LogTransport,
         limits: LimitsSettings | None = None,
         metrics: Metrics | None = None,
+        keys: KeyStore | None = None,
     ) -> None:
+        """With ``keys``, records are sealed with their owner's data key on append."""
         self._transport = transport
+        self._sealer = None if keys is None else RecordSealer(keys)
         self._limits = limits or LimitsSettings()
         self._metrics = metrics if metrics is not None else Metrics(enabled=False)
         self._label = label = transport_label(transport)
@@ -185,6 +190,8 @@ class Producer:
                 f"batch of {len(items)} records exceeds max_batch_records="
                 f"{self._limits.max_batch_records}"
             )
+        if self._sealer is not None:
+            items = await self._sealer.seal(items)
         started = time.perf_counter()
         attributes = {"prme.transport": self._label, "prme.event_ids": list(event_ids)}
         with self._metrics.tracing.span("prme.append", attributes) as span:

@@ -48,7 +48,10 @@ class ProjectedRecord(msgspec.Struct, frozen=True, kw_only=True):
     node: MemoryNode | None = None
     vector: list[float] | None = None
     data: bytes | None = None
-    """The record's bytes as the log gave them (stored as they are: no re-encoding)."""
+    """The record's plain bytes: as the log gave them, or as they opened when sealed
+    (stored as they are: no re-encoding)."""
+    sealed: bytes | None = None
+    """The sealed bytes on the log, when the record was sealed (what a dead letter keeps)."""
 
 
 class ReadModel(Protocol):

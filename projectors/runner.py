@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prme.producers.factory import open_vector_changelog
+from prme.producers.factory import open_key_store, open_vector_changelog
+from prme.producers.keys import KeyStore
 from prme.producers.transport import LogConsumer, LogTransport, Membership
 from prme.schemas.cluster import ClusterMap, MemberClaim
 from prme.schemas.config import Settings
@@ -24,6 +25,7 @@ from .dead_letters import DeadLetter, send_dead_letter
 from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
 from .embeddings.validation import identity_of
 from .embeddings.vector_cache import VectorCache, embed_with_cache
+from .erasure import Forgetting
 from .model import ModelName
 from .registry import MODEL_NAMES, read_models
 from .shard import Shard, replace_model_directory, shard_directory
@@ -64,8 +66,10 @@ class ProjectorRunner:
         metrics: Metrics | None = None,
         url: str = "",
         keep_revoked: bool = True,
+        keys: KeyStore | None = None,
     ) -> None:
-        """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name.
+        """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name;
+        without ``keys``, the key store ``settings`` name (it opens sealed records).
         ``url``: where this node is reached, carried to the group with its claim (empty:
         a worker that projects but serves nothing). ``keep_revoked=False`` closes a revoked
         shard at once (processes sharing one data directory hand shards to each other)."""
@@ -82,6 +86,9 @@ class ProjectorRunner:
         self._vector_cache = VectorCache(self._data_dir / "vector_cache.sqlite3")
         self.metrics = metrics if metrics is not None else Metrics(enabled=False)
         self._sample_caches()
+        self._owns_keys = keys is None
+        self.keys: KeyStore = keys if keys is not None else open_key_store(settings)
+        self.forgetting = Forgetting(self.keys, self._vector_cache, self.identity)
         changelog_log = open_vector_changelog(settings)
         self.changelog = (
             None
@@ -126,6 +133,8 @@ class ProjectorRunner:
     async def start(self) -> None:
         """Join the consumer group and start applying in the background."""
         self._data_dir.mkdir(parents=True, exist_ok=True)
+        if self._owns_keys:
+            await self.keys.start()
         if self.changelog is not None:
             await self.changelog.start()
         self._held = {p: 0 for p in existing_shards(self._data_dir)}
@@ -159,6 +168,8 @@ class ProjectorRunner:
         await self.standbys.close()
         if self.changelog is not None:
             await self.changelog.close()
+        if self._owns_keys:
+            await self.keys.close()
         self._vector_cache.close()
         if self._owns_vectors:
             self.vectors.close()
@@ -228,6 +239,7 @@ class ProjectorRunner:
             vectors=self.vectors,
             metrics=self.metrics,
             changelog=self.changelog,
+            forgetting=self.forgetting,
         )
         await shard.open(lazily=lazily)
         return shard
@@ -618,6 +630,7 @@ class ProjectorRunner:
             models=models,
             vectors=self.vectors,
             metrics=self.metrics,
+            forgetting=self.forgetting,
         )
         await staged.open()
         self.metrics.rebuild_target.labels(str(partition)).set(target)

@@ -13,17 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from prme.producers.sealing import keys_for
 from prme.producers.transport import LogEntry
-from prme.schemas.codec import decode_record, encode_record
+from prme.schemas.codec import encode_record
 from prme.schemas.config import Settings
 from prme.schemas.errors import InvalidEmbedding, InvalidInput, RecordDecodeError
 from prme.schemas.metrics import Metrics
 from prme.schemas.records import Message
+from prme.schemas.sealing import ErasedRecord, KeyRef, Sealer
 
 from .backends import VectorBackend
 from .dead_letters import DeadLetter
 from .derive import derive_node, embedding_text
 from .embeddings.protocol import EmbeddingIdentity
+from .erasure import Forgetting
 from .model import ModelName, ProjectedRecord, ReadModel
 from .registry import MODEL_NAMES, ModelContext, ReadModelSpec, open_read_model, read_models
 
@@ -59,9 +62,15 @@ class Shard:
         vectors: VectorBackend | None = None,
         metrics: Metrics | None = None,
         changelog: VectorChangelog | None = None,
+        forgetting: Forgetting | None = None,
     ) -> None:
-        """Without ``vectors`` the shard opens (and closes) the backend ``settings`` name."""
+        """Without ``vectors`` the shard opens (and closes) the backend ``settings`` name.
+        ``forgetting``: the key store that opens sealed records and what an erasure purges
+        beyond the models (see ``erasure.Forgetting``); without it, sealed records are
+        skipped as erased (only plain records are projected)."""
         self.directory = directory
+        self._forgetting = forgetting
+        self._sealer = Sealer()
         self._changelog = changelog
         self._metrics = metrics if metrics is not None else Metrics(enabled=False)
         self.partition = partition
@@ -94,6 +103,8 @@ class Shard:
 
         await self.run(_open)
         self.position = self.applied_offset()
+        if self._forgetting is not None:  # a purge a crash interrupted
+            await self._forgetting.resume(self)
 
     def open_model(self, spec: ReadModelSpec) -> ReadModel:
         """Open ``spec``'s model in ``<directory>/<name>`` (call on the shard's thread)."""
@@ -145,7 +156,11 @@ class Shard:
     async def _apply(self, entries: Sequence[LogEntry], encode: VectorEncoder) -> list[DeadLetter]:
         live = self.live_models()
         floor = min((m.applied_offset() for m in live.values()), default=-1)
-        dead, projected = await self.run(self._project, entries, floor)
+        keys = await keys_for(
+            None if self._forgetting is None else self._forgetting.keys,
+            (entry.value for entry in entries if entry.offset > floor),
+        )
+        dead, projected = await self.run(self._project, entries, floor, keys)
         if not projected:
             return dead
         attributes = {
@@ -160,27 +175,40 @@ class Shard:
                 projected = await self._with_vectors(projected, vector.applied_offset(), encode)
             if self._changelog is not None:  # before the models: a crash repeats, never skips
                 await self._changelog.record(self.partition, projected)
+            if self._forgetting is not None:
+                self._forgetting.before_apply(self, projected)
             dead.extend(await self.run(self._apply_all, live, projected))
+            if self._forgetting is not None:
+                await self._forgetting.after_apply(self, projected)
         return dead
 
     def _project(
-        self, entries: Sequence[LogEntry], floor: int
+        self, entries: Sequence[LogEntry], floor: int, keys: dict[KeyRef, bytes]
     ) -> tuple[list[DeadLetter], list[ProjectedRecord]]:
-        """Decode the entries past ``floor`` and derive their nodes, on the shard's thread
-        (one hop per batch; the event loop stays free for queries meanwhile)."""
+        """Open (with ``keys``) and decode the entries past ``floor`` and derive their
+        nodes, on the shard's thread (one hop per batch; the event loop stays free for
+        queries meanwhile). A sealed record whose key is gone (an erased owner) is skipped."""
         dead: list[DeadLetter] = []
         projected: list[ProjectedRecord] = []
         for entry in entries:
             if entry.offset <= floor:
                 continue
             try:
-                record = decode_record(entry.value)
+                record, plain = self._sealer.open_with(entry.value, keys)
             except RecordDecodeError as error:
                 dead.append(DeadLetter(entry.partition, entry.offset, str(error), entry.value))
                 continue
+            if isinstance(record, ErasedRecord):
+                continue
             node = derive_node(record) if isinstance(record, Message) else None
             projected.append(
-                ProjectedRecord(offset=entry.offset, record=record, node=node, data=entry.value)
+                ProjectedRecord(
+                    offset=entry.offset,
+                    record=record,
+                    node=node,
+                    data=plain,
+                    sealed=None if plain is entry.value else entry.value,
+                )
             )
         return dead, projected
 
@@ -199,6 +227,7 @@ class Shard:
                 node=p.node,
                 vector=by_offset[p.offset],
                 data=p.data,
+                sealed=p.sealed,
             )
             if p.offset in by_offset
             else p
@@ -233,7 +262,7 @@ class Shard:
                         self.partition,
                         item.offset,
                         f"{type(error).__name__}: {error}",
-                        item.data if item.data is not None else encode_record(item.record),
+                        item.sealed or item.data or encode_record(item.record),
                         name,
                     )
                 )

@@ -17,6 +17,7 @@ models apply the batch, so a crash in between repeats harmless work.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -118,6 +119,14 @@ class VectorChangelog:
         if end != loaded_until:
             self._cache.load_changelog(self._identity.key, {}, (), mark, end)
         self._known[partition] = known
+        # Whose texts the loaded vectors are: an erasure this node applies drops them.
+        refs = [
+            (decoded.content_hash, decoded.owner)
+            for key in known
+            if (decoded := ChangelogKey.decode(key)) is not None
+            and decoded.identity == self._identity.key
+        ]
+        await asyncio.to_thread(self._cache.add_owners, self._identity, refs)
         stats.seconds = time.perf_counter() - started
         return stats
 

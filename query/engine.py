@@ -74,7 +74,8 @@ class MemoryEngine(MemoryBackend):
         self._dead_letters = dead_letters
         self.runner = runner
         self.metrics = runner.metrics
-        self._producer = Producer(transport, settings.limits, self.metrics)
+        keys = runner.keys if settings.log.seal_records else None
+        self._producer = Producer(transport, settings.limits, self.metrics, keys=keys)
         model_dir = default_model_dir(settings.models_path)
         self._retriever = Retriever(
             runner, settings, TokenCounter(model_dir / "tokenizer.json"), self.metrics
@@ -334,8 +335,12 @@ class MemoryEngine(MemoryBackend):
         return await self._finish(receipt, [node_id, by_node_id], wait)
 
     async def erase_owner(self, user_id: str, *, wait: bool = True) -> StoreResult:
-        """Remove every trace of ``user_id`` from every read model (the log keeps it)."""
+        """Remove every trace of ``user_id`` from every read model and delete the owner's
+        data keys: the log keeps the owner's records as envelopes only (docs/ARCHITECTURE.md,
+        "Erasure"). The marker goes first, so a crash in between leaves the key; erasing
+        again deletes it."""
         receipt = await self._producer.append_control("owner_erased", user_id)
+        await self.runner.keys.erase(user_id)
         return await self._finish(receipt, [], wait)
 
     async def _finish(self, receipt: AppendReceipt, node_ids: list[str], wait: bool) -> StoreResult:

@@ -31,6 +31,12 @@ class LogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     restore a partition's vectors from it before replaying the partition."""
     vector_changelog_configs: dict[str, str] = {}
     """Extra topic configs for the changelog when it is created (compaction tuning)."""
+    seal_records: bool = True
+    """Encrypt each record's private fields with its owner's data key, so erasing the
+    owner (deleting the key) leaves only envelopes on the log. Off: new records are
+    written plain (sealed ones still open)."""
+    keys_topic_configs: dict[str, str] = {}
+    """Kafka only: extra topic configs for ``<topic>.keys`` when it is created."""
 
 
 class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -89,7 +89,8 @@ class NodeSuperseded(Record, frozen=True, kw_only=True, tag="node_superseded"):
 
 
 class OwnerErased(Record, frozen=True, kw_only=True, tag="owner_erased"):
-    """Every trace of the owner leaves every read model (the log keeps the audit trail)."""
+    """Every trace of the owner leaves every read model; the log keeps the audit trail, as
+    envelopes once the owner's data keys are deleted (never sealed itself)."""
 
 
 AnyRecord = (

@@ -22,7 +22,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from prme.producers.audit import AuditRow, audit_owner
-from prme.producers.factory import open_transport
+from prme.producers.factory import open_key_store, open_transport
 from prme.schemas.config import Settings
 
 READ_TIMEOUT_S = 120.0
@@ -165,9 +165,12 @@ def prme_serve(data_dir: Path, env: dict[str, str]) -> Iterator[str]:
 
 async def records_of(data_dir: Path, owner: str) -> list[AuditRow]:
     """Every record of ``owner`` on the pack's log (the server must have exited)."""
-    transport = open_transport(Settings(data_dir=str(data_dir)).replace(log={"partitions": 4}))
+    settings = Settings(data_dir=str(data_dir)).replace(log={"partitions": 4})
+    transport, keys = open_transport(settings), open_key_store(settings)
     await transport.start()
+    await keys.start()
     try:
-        return [row async for row in audit_owner(transport, owner)]
+        return [row async for row in audit_owner(transport, owner, keys=keys)]
     finally:
+        await keys.close()
         await transport.close()

@@ -28,7 +28,14 @@ def test_ingest_benchmark_compares_prme_with_bare_aiokafka(
         *("--messages", "400", "--owners", "20", "--runs", "1", "--bootstrap", kafka_bootstrap),
     )
     rates = report["records_per_s"]
-    assert set(rates) == {"local", "build_only", "prme_kafka", "prme_kafka_inline", "bare_aiokafka"}
+    assert set(rates) == {
+        "local",
+        "local_sealed",
+        "build_only",
+        "prme_kafka",
+        "prme_kafka_inline",
+        "bare_aiokafka",
+    }
     assert all(rate > 0 for rate in rates.values())
     assert 250 <= report["input"]["mean_line_bytes"] <= 350
     ratios = report["ratios"]

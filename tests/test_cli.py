@@ -135,3 +135,29 @@ def test_ingesting_the_demo_sample_twice_writes_it_once(tmp_path: Path) -> None:
     assert (
         len(alice) == len(set(alice)) == sum('"owner": "alice"' in x for x in sample.splitlines())
     )
+
+
+async def test_audit_shows_an_erased_owners_records_as_envelopes(tmp_path: Path) -> None:
+    from prme import MemoryEngine
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+
+    data = ["--data-dir", str(tmp_path / "pack")]
+    source = write_jsonl(tmp_path / "in.jsonl", LINES)
+    assert prme("ingest", str(source), "--quiet", *data).returncode == 0
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "pack").glob("log.sqlite3*"))
+    assert b"second" not in raw and b"bob's" not in raw  # sealed on the log
+    engine = await MemoryEngine.open(
+        tmp_path / "pack", embedding_provider=HashedBagOfWordsProvider(), create_if_missing=True
+    )
+    try:
+        await engine.erase_owner("alice")
+    finally:
+        await engine.close()
+    rows = audit("alice", data)
+    assert [r["record"]["kind"] for r in rows] == ["message"] * 3 + ["owner_erased"]
+    for row in rows[:3]:
+        record = row["record"]
+        assert record["erased"] is True and record["owner"] == "alice"
+        assert "content" not in record and "metadata" not in record
+        assert {"event_id", "session_id", "scope", "recorded_at"} <= set(record)
+    assert [r["record"]["content"] for r in audit("bob", data)] == ["bob's"]

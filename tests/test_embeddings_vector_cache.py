@@ -160,5 +160,7 @@ def test_a_cache_file_in_the_earlier_layout_is_read_and_written(tmp_path: Path) 
         ]
         assert cache.count(provider) == 2
     with sqlite3.connect(path) as db:
-        indexes = db.execute("SELECT name FROM sqlite_master WHERE type = 'index'").fetchall()
+        indexes = db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'vectors'"
+        ).fetchall()
     assert [name for (name,) in indexes if not name.startswith("sqlite_autoindex")] == []

@@ -21,16 +21,17 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from prme.producers.factory import open_transport, open_vector_changelog
+from prme.producers.factory import open_key_store, open_transport, open_vector_changelog
 from prme.producers.ingest import ingest_lines
 from prme.producers.kafka_changelog import KafkaChangelog
 from prme.producers.producer import MessageDraft, Producer
+from prme.producers.sealing import keys_for
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.runner import ProjectorRunner
 from prme.projectors.vector_changelog import ChangelogKey
-from prme.schemas.codec import decode_record
 from prme.schemas.config import Settings
 from prme.schemas.records import Message
+from prme.schemas.sealing import Sealer
 
 from .conftest import KafkaCluster
 from .test_convergence import child_log, digests, run_child
@@ -93,19 +94,22 @@ async def leader_of(settings: Settings, topic: str, partition: int = 0) -> int:
 
 async def line_counts(settings: Settings) -> Counter[str]:
     """How often each ingested line (its ``line N`` marker) is on the log."""
-    transport = open_transport(settings)
+    transport, keys, sealer = open_transport(settings), open_key_store(settings), Sealer()
     counts: Counter[str] = Counter()
     await transport.start()
+    await keys.start()
     try:
         for partition in range(settings.log.partitions):
             offset = 0
             while entries := await transport.read(partition, offset, 2000):
+                found = await keys_for(keys, (entry.value for entry in entries))
                 for entry in entries:
-                    record = decode_record(entry.value)
+                    record, _ = sealer.open_with(entry.value, found)  # sealed by prme ingest
                     assert isinstance(record, Message) and isinstance(record.content, str)
                     counts[record.content.split(":", 1)[0]] += 1
                 offset = entries[-1].offset + 1
     finally:
+        await keys.close()
         await transport.close()
     return counts
 

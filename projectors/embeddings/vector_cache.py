@@ -45,6 +45,18 @@ CREATE TABLE IF NOT EXISTS changelog_offsets (
     next_offset INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
+_OWNERS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS vector_owners (
+    owner TEXT NOT NULL,
+    identity TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    PRIMARY KEY (owner, identity, content_hash)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS vector_owners_key ON vector_owners (identity, content_hash);
+"""
+"""Which owners' texts a cached vector is the vector of: an erased owner's vectors are
+dropped once no other owner holds them (vectors cached before this table existed have no
+owners noted and stay)."""
 _CACHE_KIB = 32 * 1024
 
 
@@ -71,12 +83,14 @@ class VectorCache:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
+        self._db.execute("PRAGMA secure_delete=ON")
         exists = self._db.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'vectors'"
         ).fetchone()
         if exists is None:  # an older file keeps its layout (no second key index on it)
             self._db.executescript(_SCHEMA)
         self._db.executescript(_CHANGELOG_SCHEMA)
+        self._db.executescript(_OWNERS_SCHEMA)
         self.hits = 0
         """Texts :meth:`get_many` found a vector for (this process, since opening)."""
         self.misses = 0
@@ -154,6 +168,55 @@ class VectorCache:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def add_owners(self, identity: EmbeddingIdentity, refs: Sequence[tuple[str, str]]) -> None:
+        """Note that owner holds the text of each ``(content_hash, owner)``."""
+        key = identity.key
+        rows = [(owner, key, digest) for digest, owner in dict.fromkeys(refs)]
+        if not rows:
+            return
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO vector_owners (owner, identity, content_hash) "
+                    "VALUES (?, ?, ?)",
+                    rows,
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def drop_owners(self, owners: Iterable[str]) -> int:
+        """Forget the owners' notes and drop the vectors no other owner holds (overwritten
+        on disk: ``secure_delete`` is on and the WAL is truncated); returns how many."""
+        dropped = 0
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for owner in owners:
+                    held = self._db.execute(
+                        "SELECT identity, content_hash FROM vector_owners WHERE owner = ?",
+                        (owner,),
+                    ).fetchall()
+                    self._db.execute("DELETE FROM vector_owners WHERE owner = ?", (owner,))
+                    for identity, digest in held:
+                        shared = self._db.execute(
+                            "SELECT 1 FROM vector_owners WHERE identity = ? AND content_hash = ?",
+                            (identity, digest),
+                        ).fetchone()
+                        if shared is None:
+                            dropped += self._db.execute(
+                                "DELETE FROM vectors WHERE identity = ? AND content_hash = ?",
+                                (identity, digest),
+                            ).rowcount
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return dropped
 
     def changelog_offset(self, name: str) -> int:
         """Where loading changelog ``name`` stopped last time (0 when never loaded)."""

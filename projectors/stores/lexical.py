@@ -324,6 +324,26 @@ class LexicalModel:
         ]
         return hashlib.sha256(msgspec.json.encode([self._offset, rows])).hexdigest()
 
+    def purge(self) -> None:
+        """After an erasure: rewrite the index from its live documents in one commit and
+        delete the old segment files, so deleted documents (whose text Tantivy keeps in its
+        segments until a merge) leave the disk; then truncate the sidecar's WAL. Costs a
+        re-index of the partition's documents."""
+        writer = self._require_writer()
+        documents = self.documents()
+        try:
+            writer.delete_all_documents()
+            for document in documents:
+                writer.add_document(self._document(document))
+            writer.add_document(tantivy.Document(node_id=TRACKING_ID, offset=self._offset))
+            writer.commit()
+        except BaseException:
+            writer.rollback()
+            raise
+        self._index.reload()
+        writer.garbage_collect_files()
+        self._windows.checkpoint()
+
     def _require_writer(self) -> tantivy.IndexWriter:
         if self._writer is None:
             raise PRMEError("the lexical model is closed")

@@ -80,6 +80,7 @@ class WindowStore:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA secure_delete=ON")
         self._db.executescript(_SCHEMA)
         self._in_transaction = False
 
@@ -145,6 +146,10 @@ class WindowStore:
             (state, node_id, owner),
         )
         return cursor.rowcount > 0
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the file and truncate it (after an erasure)."""
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def erase_owner(self, owner: str) -> None:
         self._begin()

@@ -34,8 +34,15 @@ def open_database(path: Path) -> sqlite3.Connection:
     # row are lost together, so replaying the log from the stored offset repairs it.
     connection.execute("PRAGMA synchronous=NORMAL")
     connection.execute("PRAGMA foreign_keys=OFF")
+    # Deleted rows are overwritten, so an erased owner's text does not stay in free pages.
+    connection.execute("PRAGMA secure_delete=ON")
     connection.execute(_TRACKING_SCHEMA)
     return connection
+
+
+def checkpoint(connection: sqlite3.Connection) -> None:
+    """Copy the WAL into the database file and truncate the WAL to zero bytes."""
+    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 @contextmanager
@@ -128,6 +135,12 @@ class SqliteModel:
     def digest(self) -> str:
         with self._lock:
             return digest_rows(self._db, self.digest_queries)
+
+    def purge(self) -> None:
+        """After an erasure: checkpoint the WAL into the file and truncate it, so the
+        deleted rows' old pages leave the WAL (``secure_delete`` zeroed them in the file)."""
+        with self._lock:
+            checkpoint(self._db)
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:

@@ -1,0 +1,252 @@
+"""Key stores: where each owner's data keys live (the keys that seal its records).
+
+One interface, :class:`KeyStore`, two implementations chosen once by
+``producers.factory.open_key_store``: :class:`LocalKeyStore`, a SQLite file beside the
+embedded log, and ``kafka_keys.KafkaKeyStore``, a compacted topic ``<topic>.keys``.
+Erasing an owner deletes its keys; its sealed records then read as envelopes only.
+
+Each process keeps the keys it used in memory. A key for writing is re-read from the
+store once ``write_ttl_s`` has passed, so a process writing for an owner that another
+process erased stops using the erased key within that time; the projector drops an
+owner's keys when it applies the owner's ``owner_erased`` record (:meth:`forget`).
+
+Keys are stored as they are (no master key wraps them): at rest they are as protected as
+the key store's file or topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from prme.schemas.errors import TransportError
+from prme.schemas.sealing import DataKey, KeyRef, new_data_key
+
+WRITE_TTL_S = 60.0
+"""How long a process seals with a key before reading the store again."""
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """Per-owner data keys: created on first write, deleted on erasure."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def writing_keys(self, owners: Iterable[str]) -> dict[str, DataKey]:
+        """A key to seal with for each owner, created (durably) where it has none."""
+        ...
+
+    async def reading_keys(self, refs: Iterable[KeyRef]) -> dict[KeyRef, bytes]:
+        """The keys of ``(owner, kid)`` pairs; an erased (or unknown) one is missing."""
+        ...
+
+    async def erase(self, owner: str) -> None:
+        """Delete every key of ``owner`` (durably, before returning)."""
+        ...
+
+    def forget(self, owner: str) -> None:
+        """Drop what this process holds of ``owner``'s keys (the next use reads the store)."""
+        ...
+
+
+class CachingKeyStore:
+    """The in-memory part both stores share; subclasses read, create and delete keys."""
+
+    def __init__(self, *, write_ttl_s: float = WRITE_TTL_S) -> None:
+        self._held: dict[str, dict[str, bytes]] = {}
+        self._read_at: dict[str, float] = {}
+        self._write_ttl_s = write_ttl_s
+        self._lock = asyncio.Lock()
+
+    async def _load(self, owners: list[str]) -> dict[str, dict[str, bytes]]:
+        """The stored keys ``{kid: key}`` of each owner (authoritative, not cached)."""
+        raise NotImplementedError
+
+    async def _create(self, owners: list[str]) -> dict[str, DataKey]:
+        """Store a new key for each owner (in one write), or return the one another writer
+        stored first."""
+        raise NotImplementedError
+
+    async def _delete(self, owner: str) -> None:
+        raise NotImplementedError
+
+    async def _refresh(self, owners: list[str]) -> None:
+        if not owners:
+            return
+        loaded = await self._load(owners)
+        now = time.monotonic()
+        for owner in owners:
+            self._held[owner] = loaded.get(owner, {})
+            self._read_at[owner] = now
+
+    async def writing_keys(self, owners: Iterable[str]) -> dict[str, DataKey]:
+        wanted = list(dict.fromkeys(owners))
+        async with self._lock:
+            now = time.monotonic()
+            stale = [
+                owner
+                for owner in wanted
+                if not self._held.get(owner)
+                or now - self._read_at.get(owner, 0.0) > self._write_ttl_s
+            ]
+            await self._refresh(stale)
+            keyless = [owner for owner in wanted if not self._held.get(owner)]
+            if keyless:
+                created = await self._create(keyless)
+                now = time.monotonic()
+                for owner, key in created.items():
+                    self._held[owner] = {key.kid: key.key}
+                    self._read_at[owner] = now
+            chosen: dict[str, DataKey] = {}
+            for owner in wanted:
+                held = self._held[owner]
+                kid = next(iter(held))
+                chosen[owner] = DataKey(kid, held[kid])
+            return chosen
+
+    async def reading_keys(self, refs: Iterable[KeyRef]) -> dict[KeyRef, bytes]:
+        wanted = set(refs)
+        async with self._lock:
+            missing = sorted(
+                {owner for owner, kid in wanted if kid not in self._held.get(owner, {})}
+            )
+            await self._refresh(missing)
+            found: dict[KeyRef, bytes] = {}
+            for owner, kid in wanted:
+                key = self._held.get(owner, {}).get(kid)
+                if key is not None:
+                    found[(owner, kid)] = key
+            return found
+
+    async def erase(self, owner: str) -> None:
+        async with self._lock:
+            await self._delete(owner)
+            self._held.pop(owner, None)
+            self._read_at.pop(owner, None)
+
+    def forget(self, owner: str) -> None:
+        self._held.pop(owner, None)
+        self._read_at.pop(owner, None)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS data_keys (
+    owner TEXT NOT NULL,
+    kid TEXT NOT NULL,
+    key BLOB NOT NULL,
+    PRIMARY KEY (owner, kid)
+) WITHOUT ROWID;
+"""
+
+
+class LocalKeyStore(CachingKeyStore):
+    """Keys in a SQLite file (WAL, ``secure_delete`` on: a deleted key is overwritten,
+    and the WAL is checkpointed and truncated after each erasure)."""
+
+    def __init__(self, path: Path, *, write_ttl_s: float = WRITE_TTL_S) -> None:
+        super().__init__(write_ttl_s=write_ttl_s)
+        self._path = Path(path)
+        self._db: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    async def start(self) -> None:
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prme-keys")
+        await self._run(self._open)
+
+    def _open(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")  # a key must outlive the records it sealed
+        db.execute("PRAGMA secure_delete=ON")
+        db.execute("PRAGMA busy_timeout=30000")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        await self._run(self._close)
+        self._executor.shutdown(wait=True)
+        self._executor = None
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    async def _run(self, function: Any, *args: Any) -> Any:
+        if self._executor is None:
+            raise TransportError("the key store is not started")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    def _require(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise TransportError("the key store is not started")
+        return self._db
+
+    async def _load(self, owners: list[str]) -> dict[str, dict[str, bytes]]:
+        return await self._run(self._select, owners)  # type: ignore[no-any-return]
+
+    def _select(self, owners: list[str]) -> dict[str, dict[str, bytes]]:
+        db = self._require()
+        found: dict[str, dict[str, bytes]] = {}
+        for start in range(0, len(owners), 500):
+            chunk = owners[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = db.execute(
+                f"SELECT owner, kid, key FROM data_keys WHERE owner IN ({marks})", chunk
+            )
+            for owner, kid, key in rows:
+                found.setdefault(owner, {})[kid] = bytes(key)
+        return found
+
+    async def _create(self, owners: list[str]) -> dict[str, DataKey]:
+        return await self._run(self._insert, owners)  # type: ignore[no-any-return]
+
+    def _insert(self, owners: list[str]) -> dict[str, DataKey]:
+        db = self._require()
+        created: dict[str, DataKey] = {}
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for owner in owners:
+                row = db.execute(
+                    "SELECT kid, key FROM data_keys WHERE owner = ? LIMIT 1", (owner,)
+                ).fetchone()
+                if row is not None:  # another process created it first
+                    created[owner] = DataKey(row[0], bytes(row[1]))
+                    continue
+                key = created[owner] = new_data_key()
+                db.execute("INSERT INTO data_keys VALUES (?, ?, ?)", (owner, key.kid, key.key))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return created
+
+    async def _delete(self, owner: str) -> None:
+        await self._run(self._delete_rows, owner)
+
+    def _delete_rows(self, owner: str) -> None:
+        db = self._require()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("DELETE FROM data_keys WHERE owner = ?", (owner,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -1,0 +1,125 @@
+"""What an ``owner_erased`` record reaches beyond each read model's own deletes.
+
+After a batch is applied, :class:`Forgetting` (one per runner, shared by its shards)
+
+- notes which owner each embedded text belongs to in the vector cache (the cache is keyed
+  by content hash and shared by owners: a vector is dropped once no owner holds it);
+- at each erased owner: drops what this process holds of the owner's data keys (the next
+  record sealed with them reads the key store, where they are gone), drops the owner's
+  vector-cache entries, and has every model of the shard ``purge()`` what its deletes left
+  in its files: SQLite models checkpoint and truncate their WAL (``secure_delete`` is on,
+  so deleted rows are overwritten), the lexical index is rewritten without deleted
+  documents. A model without ``purge`` keeps nothing of the text (the vector payloads
+  hold ids and timestamps only).
+
+The erased owners are noted in ``<shard>/erasures.pending`` before the models apply the
+batch and the note is removed after the purge, so a crash in between purges when the
+shard opens again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from prme.producers.keys import KeyStore
+from prme.schemas.records import OwnerErased
+
+from .derive import embedding_text
+from .embeddings.protocol import EmbeddingIdentity
+from .embeddings.vector_cache import VectorCache, content_hash
+from .model import ProjectedRecord
+
+if TYPE_CHECKING:
+    from .shard import Shard
+
+
+def purge_models(models: Iterable[Any]) -> None:
+    """Call ``purge()`` on each model that has one (on the shard's thread)."""
+    for model in models:
+        purge = getattr(model, "purge", None)
+        if callable(purge):
+            purge()
+
+
+class Forgetting:
+    """The key store that opens sealed records, and the purge that follows an erasure."""
+
+    def __init__(
+        self, keys: KeyStore | None, cache: VectorCache | None, identity: EmbeddingIdentity
+    ) -> None:
+        self.keys = keys
+        self._cache = cache
+        self._identity = identity
+        self.purges = 0
+        """Erasure purges run (this process)."""
+
+    def before_apply(self, shard: Shard, projected: list[ProjectedRecord]) -> None:
+        """Note the batch's erased owners in the shard's directory before the models apply
+        it: a crash between the models' deletes and the purge leaves the note, and the
+        shard purges when it opens again (:meth:`resume`)."""
+        erased = _erased(projected)
+        if erased:
+            _write_pending(shard.directory, sorted({*_read_pending(shard.directory), *erased}))
+
+    async def after_apply(self, shard: Shard, projected: list[ProjectedRecord]) -> None:
+        cache = self._cache
+        if cache is not None:
+            refs = [
+                (content_hash(embedding_text(item.node)), item.node.owner)
+                for item in projected
+                if item.node is not None and item.vector is not None
+            ]
+            if refs:
+                await asyncio.to_thread(cache.add_owners, self._identity, refs)
+        erased = _erased(projected)
+        if erased:
+            await self._purge(shard, sorted({*_read_pending(shard.directory), *erased}))
+
+    async def resume(self, shard: Shard) -> None:
+        """Finish a purge a crash interrupted (the shard's models are open)."""
+        pending = _read_pending(shard.directory)
+        if pending:
+            await self._purge(shard, pending)
+
+    async def _purge(self, shard: Shard, owners: list[str]) -> None:
+        if self.keys is not None:
+            for owner in owners:
+                self.keys.forget(owner)
+        if self._cache is not None:
+            await asyncio.to_thread(self._cache.drop_owners, owners)
+        await shard.run(purge_models, list(shard.models.values()))
+        (shard.directory / PENDING).unlink(missing_ok=True)
+        self.purges += 1
+
+
+PENDING = "erasures.pending"
+"""The owners erased by the batch being applied, until their purge is done."""
+
+
+def _erased(projected: list[ProjectedRecord]) -> list[str]:
+    return sorted({p.record.owner for p in projected if isinstance(p.record, OwnerErased)})
+
+
+def _read_pending(directory: Path) -> list[str]:
+    try:
+        return list(msgspec.json.decode((directory / PENDING).read_bytes(), type=list[str]))
+    except FileNotFoundError:
+        return []
+    except msgspec.DecodeError:  # a torn write: purge every model, no owner known
+        return [""]
+
+
+def _write_pending(directory: Path, owners: list[str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    staged = directory / (PENDING + ".tmp")
+    with open(staged, "wb") as handle:
+        handle.write(msgspec.json.encode(owners))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(staged, directory / PENDING)

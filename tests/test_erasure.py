@@ -1,0 +1,306 @@
+"""Erasure reaches the disk: after ``erase_owner`` no file under the data directory (log,
+key store, read models, WAL files, Tantivy segments, vector shards, vector cache) holds
+the owner's text, and the log keeps only the owner's envelopes (crypto-shredding)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from prme import MemoryEngine, MessageDraft
+from prme.producers.audit import audit_owner
+from prme.producers.partitioner import partition_for_key
+from prme.schemas.config import Settings
+
+BOB = "bob-1"
+"""Lives in alice's partition (of 4): their documents share Tantivy segments and SQLite
+pages, so erasing alice must purge around bob's data, not drop whole files."""
+
+
+def files_holding(root: Path, marker: str) -> list[str]:
+    """Every file under ``root`` whose bytes contain ``marker`` or its lower-cased form
+    (entity ids and index terms are lower-cased), like ``grep -rli``."""
+    needles = {marker.encode(), marker.lower().encode()}
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            if any(needle in data for needle in needles):
+                found.append(str(path.relative_to(root)))
+    return sorted(found)
+
+
+def markers() -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:10]
+    # Capitalised, so the entity extractor makes graph entities of them too.
+    return f"Alicemark{tag}", f"Bobmark{tag}"
+
+
+def drafts(owner: str, marker: str) -> list[MessageDraft]:
+    return [
+        MessageDraft(
+            owner=owner,
+            content=f"The vault code is {marker} and nobody else knows it. Ask {marker} Smith.",
+            session_id="s1",
+            name=f"{owner}-{marker}-speaker",
+            metadata={"note": marker},
+            fields={"extra": marker},
+        ),
+        MessageDraft(
+            owner=owner,
+            content=[{"type": "text", "text": f"Remember {marker} for the trip to Lisbon."}],
+            session_id="s1",
+            role="assistant",
+            tool_calls=[{"id": "c1", "name": "lookup", "args": {"q": marker}}],
+        ),
+    ]
+
+
+async def write_and_erase(engine: MemoryEngine, data_dir: Path) -> tuple[str, str, Any]:
+    """Both owners write their marker (and one text they share); alice is erased."""
+    assert partition_for_key(b"alice", 4) == partition_for_key(BOB.encode(), 4)
+    alice, bob = markers()
+    await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+    shared = "Both of us like the shared sentence about the harbour."
+    await engine.store(shared, "alice")
+    stored = await engine.store(shared, BOB)
+    await engine.archive(stored.node_ids[0], BOB, reason="kept")
+    assert files_holding(data_dir, alice), "the marker must reach the read models first"
+    before = engine.runner.vector_cache.count()
+    result = await engine.erase_owner("alice")
+    # alice's two texts leave the cache; the text bob shares stays.
+    assert engine.runner.vector_cache.count() == before - 2
+    return alice, bob, result
+
+
+async def check_bob_intact(engine: MemoryEngine, bob: str) -> None:
+    found = await engine.retrieve(f"vault code {bob}", BOB)
+    assert any(bob in result.text for result in found.results)
+    history = await engine.history(BOB, "s1")
+    assert [message.name for message in history][0] == f"{BOB}-{bob}-speaker"
+    assert history[0].metadata == {"note": bob}
+    assert (await engine.retrieve("vault code", "alice")).results == []
+    assert await engine.history("alice", "s1") == []
+
+
+async def audit(engine: MemoryEngine, owner: str) -> list[dict[str, Any]]:
+    rows = [row async for row in audit_owner(engine._transport, owner, keys=engine.runner.keys)]
+    return [msgspec.to_builtins(row) for row in rows]
+
+
+async def test_erasing_an_owner_leaves_no_file_with_its_text_on_the_local_log(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    data_dir = local_settings.data_path
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        alice, bob, _ = await write_and_erase(engine, data_dir)
+        assert files_holding(data_dir, alice) == []
+        assert files_holding(data_dir, bob) != []
+        await check_bob_intact(engine, bob)
+        alice_rows = await audit(engine, "alice")
+        assert [row["record"]["kind"] for row in alice_rows] == [
+            "message",
+            "message",
+            "message",
+            "owner_erased",
+        ]
+        for row in alice_rows[:3]:
+            assert row["record"]["erased"] is True and "content" not in row["record"]
+        bob_rows = await audit(engine, BOB)
+        assert bob in bob_rows[0]["record"]["content"] and "erased" not in bob_rows[0]["record"]
+        # A rebuild replays alice's sealed records: with the key gone they become nothing.
+        await engine.rebuild()
+        assert files_holding(data_dir, alice) == []
+        await check_bob_intact(engine, bob)
+    finally:
+        await engine.close()
+    reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        await check_bob_intact(reopened, bob)
+    finally:
+        await reopened.close()
+    assert files_holding(data_dir, alice) == []
+
+
+async def test_the_log_never_holds_the_text_in_plain(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        alice, _ = markers()
+        await engine.store_many(drafts("alice", alice))
+        assert (await audit(engine, "alice"))[0]["record"]["metadata"] == {"note": alice}
+    finally:
+        await engine.close()
+    log_files = [p for p in local_settings.data_path.iterdir() if p.name.startswith("log.")]
+    assert log_files and all(alice.encode() not in p.read_bytes() for p in log_files)
+
+
+async def test_an_owner_erased_writes_again_under_a_new_key(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        old, new = markers()
+        await engine.store(f"old secret {old}", "alice")
+        await engine.erase_owner("alice")
+        await engine.store(f"new secret {new}", "alice")
+        assert [r.text for r in (await engine.retrieve("secret", "alice")).results] == [
+            f"new secret {new}"
+        ]
+        kinds = [
+            (row["record"]["kind"], "erased" in row["record"])
+            for row in await audit(engine, "alice")
+        ]
+        assert kinds == [("message", True), ("owner_erased", False), ("message", False)]
+    finally:
+        await engine.close()
+
+
+def broker_log_dir(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """The log directory of the test session's broker started by kafka.sh (its data dir
+    holds a ``bootstrap`` file naming it); ``None`` for a broker started elsewhere."""
+    for named in tmp_path_factory.getbasetemp().glob("kafka*/bootstrap"):
+        if named.read_text().strip() == bootstrap:
+            return named.parent / "logs"
+    return None
+
+
+@pytest.mark.kafka
+async def test_erasing_an_owner_on_kafka_leaves_no_text_on_the_node_or_the_broker(
+    kafka_settings: Settings,
+    hashed_provider: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    data_dir = kafka_settings.data_path
+    engine = await MemoryEngine.create(settings=kafka_settings, embedding_provider=hashed_provider)
+    broker = broker_log_dir(kafka_settings.log.bootstrap, tmp_path_factory)
+    try:
+        alice, bob, _ = await write_and_erase(engine, data_dir)
+        assert files_holding(data_dir, alice) == []
+        await check_bob_intact(engine, bob)
+        alice_rows = await audit(engine, "alice")
+        assert alice_rows and all(row["record"].get("erased") for row in alice_rows[:-1]), (
+            alice_rows
+        )
+        if broker is not None:
+            topic = kafka_settings.log.topic
+            held = files_holding(broker, alice) + files_holding(broker, bob)
+            assert held == [], held  # the events topic only ever had ciphertext
+            assert any(p.name.startswith(topic + ".keys-") for p in broker.iterdir())
+    finally:
+        await engine.close()
+    assert files_holding(data_dir, alice) == []
+
+
+@pytest.mark.kafka
+async def test_compaction_removes_an_erased_owners_key_from_the_broker(
+    kafka_settings: Settings,
+    hashed_provider: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    broker = broker_log_dir(kafka_settings.log.bootstrap, tmp_path_factory)
+    if broker is None:
+        pytest.skip("the broker's log directory is not on this machine")
+    fast = {
+        "segment.ms": "1000",
+        "max.compaction.lag.ms": "1000",
+        "delete.retention.ms": "1000",
+    }
+    settings = kafka_settings.replace(log={"keys_topic_configs": fast})
+    engine = await MemoryEngine.create(settings=settings, embedding_provider=hashed_provider)
+    try:
+        await engine.store("a memory to erase", "alice")
+        await engine.store("a memory to keep", BOB)
+        keys = await engine.runner.keys.writing_keys(["alice", BOB])
+        topic_dirs = sorted(broker.glob(settings.log.topic + ".keys-*"))
+
+        def held(key: bytes) -> bool:
+            return any(
+                key in p.read_bytes() for d in topic_dirs for p in d.iterdir() if p.is_file()
+            )
+
+        assert held(keys["alice"].key) and held(keys[BOB].key)
+        await engine.erase_owner("alice")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 90
+        writes = 0
+        while held(keys["alice"].key):
+            assert loop.time() < deadline, "the erased key is still on the broker after 90 s"
+            # Kafka rolls a segment only when a record arrives past segment.ms.
+            await asyncio.sleep(1.5)
+            writes += 1
+            await engine.store("a later owner", f"later-{writes}")
+        assert held(keys[BOB].key)
+    finally:
+        await engine.close()
+
+
+async def test_a_purge_a_crash_interrupted_runs_when_the_shard_opens_again(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prme.projectors.erasure import PENDING, Forgetting
+    from prme.schemas.errors import ShardUnavailable
+
+    data_dir = local_settings.data_path
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    alice, bob = markers()
+    try:
+        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+
+        async def crash(self: Forgetting, shard: Any, owners: list[str]) -> None:
+            raise RuntimeError("killed between the deletes and the purge")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(Forgetting, "_purge", crash)
+            with pytest.raises(ShardUnavailable):
+                await engine.erase_owner("alice")
+    finally:
+        await engine.close()
+    assert list(data_dir.glob(f"shards/p*/{PENDING}"))
+    assert files_holding(data_dir, alice)  # the lexical segments still hold the text
+    reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        assert files_holding(data_dir, alice) == []
+        assert not list(data_dir.glob(f"shards/p*/{PENDING}"))
+        await check_bob_intact(reopened, bob)
+    finally:
+        await reopened.close()
+
+
+async def test_a_pack_written_before_sealing_stays_readable_and_its_models_still_forget(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    from prme.producers.factory import open_transport
+    from prme.producers.producer import Producer
+
+    data_dir = local_settings.data_path
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    await engine.close()
+    alice, bob = markers()
+    transport = open_transport(local_settings)  # an older PRME: no key store, plain records
+    await transport.start()
+    try:
+        old = Producer(transport)
+        await old.append_records([old.build_message(d) for d in drafts("alice", alice)])
+        await old.append_records([old.build_message(d) for d in drafts(BOB, bob)])
+    finally:
+        await transport.close()
+    engine = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        found = await engine.retrieve(f"vault code {alice}", "alice")
+        assert any(alice in result.text for result in found.results)
+        await engine.erase_owner("alice")
+        # The read models forget; the plain records written before sealing keep their text
+        # on the log (docs/ARCHITECTURE.md, "Erasure").
+        held = files_holding(data_dir, alice)
+        assert held and all(Path(p).name.startswith("log.sqlite3") for p in held), held
+        await check_bob_intact(engine, bob)
+    finally:
+        await engine.close()

@@ -1,0 +1,173 @@
+"""Sealing: a record's private fields encrypted with its owner's data key."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from prme.producers.factory import open_key_store
+from prme.producers.keys import LocalKeyStore
+from prme.schemas.codec import decode_record, encode_record
+from prme.schemas.config import Settings
+from prme.schemas.errors import RecordDecodeError
+from prme.schemas.records import Message, NodeArchived, OwnerErased
+from prme.schemas.sealing import ErasedRecord, Sealer, envelope_of, is_sealed, new_data_key
+
+SECRET = "zebra-7731-secret"
+
+
+def message(owner: str = "alice", **fields: object) -> Message:
+    values: dict[str, object] = {
+        "event_id": "0190a1b2-0000-7000-8000-000000000001",
+        "owner": owner,
+        "session_id": "s1",
+        "scope": "work",
+        "recorded_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "request_id": "r1",
+        "role": "user",
+        "content": f"my {SECRET} is here",
+        "name": f"name-{SECRET}",
+        "metadata": {"note": SECRET},
+        "fields": {"extra": SECRET},
+        "tool_calls": [{"id": "c1", "name": "lookup", "args": {"q": SECRET}}],
+    }
+    values.update(fields)
+    return msgspec.convert(values, Message)
+
+
+def test_a_sealed_record_keeps_its_envelope_readable_and_its_private_fields_unreadable() -> None:
+    key, sealer = new_data_key(), Sealer()
+    plain = encode_record(message())
+    sealed = sealer.seal(plain, key)
+    assert SECRET.encode() not in sealed
+    assert is_sealed(sealed) and not is_sealed(plain)
+    envelope = envelope_of(sealed)
+    assert (envelope.owner, envelope.kind, envelope.session_id, envelope.scope) == (
+        "alice",
+        "message",
+        "s1",
+        "work",
+    )
+    assert envelope.request_id == "r1" and envelope.kid == key.kid
+    record, opened = Sealer().open(sealed, key.key)
+    assert record == message() and opened == plain
+
+
+def test_without_its_key_a_sealed_record_opens_as_an_erased_envelope() -> None:
+    sealed = Sealer().seal(encode_record(message()), new_data_key())
+    record, data = Sealer().open_with(sealed, {})
+    assert isinstance(record, ErasedRecord) and record.erased and data == sealed
+    shown = msgspec.json.decode(msgspec.json.encode(record))
+    assert shown["event_id"] == message().event_id and shown["kind"] == "message"
+    assert "content" not in shown and SECRET not in str(shown)
+
+
+def test_records_written_before_sealing_open_as_plain_records() -> None:
+    plain = encode_record(message())
+    record, data = Sealer().open_with(plain, {})
+    assert record == message() and data is plain
+
+
+def test_the_erasure_marker_is_never_sealed_but_other_control_records_are() -> None:
+    key, sealer = new_data_key(), Sealer()
+    erased = OwnerErased(event_id="e2", owner="alice", recorded_at=datetime.now(UTC))
+    assert sealer.seal(encode_record(erased), key) == encode_record(erased)
+    archived = NodeArchived(
+        event_id="e3", owner="alice", recorded_at=datetime.now(UTC), node_id="n", reason=SECRET
+    )
+    sealed = sealer.seal(encode_record(archived), key)
+    assert SECRET.encode() not in sealed
+    assert sealer.open(sealed, key.key)[0] == archived
+
+
+def test_a_sealed_record_with_another_owners_envelope_does_not_open() -> None:
+    key, sealer = new_data_key(), Sealer()
+    sealed = sealer.seal(encode_record(message()), key)
+    forged = msgspec.msgpack.encode(msgspec.structs.replace(envelope_of(sealed), owner="mallory"))
+    with pytest.raises(RecordDecodeError, match="does not open"):
+        sealer.open(forged, key.key)
+    with pytest.raises(RecordDecodeError, match="does not open"):
+        sealer.open(sealed, new_data_key().key)
+
+
+def test_a_plain_record_still_decodes_with_the_plain_decoder() -> None:
+    assert decode_record(encode_record(message())) == message()
+
+
+async def test_the_local_key_store_keeps_one_key_per_owner_until_it_is_erased(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys.sqlite3"
+    first, second = LocalKeyStore(path), LocalKeyStore(path)
+    await first.start()
+    await second.start()
+    try:
+        alice = (await first.writing_keys(["alice"]))["alice"]
+        assert (await second.writing_keys(["alice"]))["alice"] == alice  # another process
+        assert await second.reading_keys([("alice", alice.kid)]) == {
+            ("alice", alice.kid): alice.key
+        }
+        bob = (await first.writing_keys(["bob"]))["bob"]
+        await first.erase("alice")
+        second.forget("alice")
+        assert await second.reading_keys([("alice", alice.kid)]) == {}
+        assert await first.reading_keys([("bob", bob.kid)]) == {("bob", bob.kid): bob.key}
+        again = (await first.writing_keys(["alice"]))["alice"]
+        assert again.kid != alice.kid  # a new key after erasure: old records stay erased
+    finally:
+        await first.close()
+        await second.close()
+    held = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert alice.key not in held and bob.key in held
+
+
+@pytest.mark.kafka
+async def test_the_kafka_key_store_shares_keys_between_nodes_until_a_tombstone(
+    kafka_settings: Settings,
+) -> None:
+    first, second = open_key_store(kafka_settings), open_key_store(kafka_settings)
+    await first.start()
+    await second.start()
+    try:
+        created = await first.writing_keys(["alice", "bob"])
+        alice = created["alice"]
+        # Another node finds the key by reading the topic to its end on a miss.
+        assert await second.reading_keys([("alice", alice.kid)]) == {
+            ("alice", alice.kid): alice.key
+        }
+        assert (await second.writing_keys(["alice"]))["alice"] == alice
+        await first.erase("alice")
+        second.forget("alice")  # what the projector does at the owner_erased record
+        assert await second.reading_keys([("alice", alice.kid)]) == {}
+        bob = created["bob"]
+        assert await second.reading_keys([("bob", bob.kid)]) == {("bob", bob.kid): bob.key}
+    finally:
+        await first.close()
+        await second.close()
+    cold = open_key_store(kafka_settings)
+    await cold.start()
+    try:
+        assert await cold.reading_keys([("alice", alice.kid)]) == {}
+    finally:
+        await cold.close()
+
+
+def test_bytes_that_are_no_record_raise_the_codecs_own_errors() -> None:
+    from prme.schemas.errors import UnknownRecordKind
+
+    weird = msgspec.msgpack.encode(
+        {
+            "v": 1,
+            "kind": "weird",
+            "event_id": "e",
+            "owner": "alice",
+            "recorded_at": "2026-01-01T00:00:00Z",
+        }
+    )
+    with pytest.raises(UnknownRecordKind):
+        Sealer().open_with(weird, {})
+    with pytest.raises(RecordDecodeError, match="not msgpack"):
+        Sealer().open_with(b"\xc1 not msgpack", {})
