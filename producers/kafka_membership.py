@@ -59,18 +59,24 @@ def plan_cluster(
         owned[best].append(partition)
     standbys: dict[str, list[int]] = {m: [] for m in ordered}
     replicas = min(standby_replicas, len(ordered) - 1)
+    owner_of = {p: m for m in ordered for p in owned[m]}
+    # (standby member, owner) -> how many of that owner's partitions it backs: spread
+    # evenly, so when an owner dies each survivor has room for the standbys it holds.
+    backing: dict[tuple[str, str], int] = {}
     for partition in todo:
-        owner = next(m for m in ordered if partition in owned[m])
+        owner = owner_of[partition]
         others = [m for m in ordered if m != owner]
         others.sort(
             key=lambda m: (
                 -claims[m].warm.get(partition, -1),
+                backing.get((m, owner), 0),
                 len(standbys[m]) + len(owned[m]),
                 claims[m].url,
             )
         )
         for member in others[:replicas]:
             standbys[member].append(partition)
+            backing[(member, owner)] = backing.get((member, owner), 0) + 1
     return {
         m: ClusterMember(
             url=claims[m].url, partitions=sorted(owned[m]), standbys=sorted(standbys[m])

@@ -24,7 +24,7 @@ from .backends import VectorBackend
 from .dead_letters import DeadLetter, send_dead_letter
 from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
 from .embeddings.validation import identity_of
-from .embeddings.vector_cache import VectorCache, embed_with_cache
+from .embeddings.vector_cache import VectorCache, content_hash, embed_with_cache
 from .erasure import Forgetting
 from .model import ModelName
 from .registry import MODEL_NAMES, read_models
@@ -44,10 +44,16 @@ REBUILD_CONCURRENCY = 6
 """Partitions rebuilt at once: much of a partition's rebuild is opening, flushing and
 swapping engine files (waits that leave the CPU free), so more run side by side than
 ``CONCURRENT_SHARDS``."""
+STANDBY_ENCODE_AFTER_S = 10.0
+"""A standby waits this long for its owner to publish a record's vector, then encodes it."""
 MAX_BATCH_FACTOR = 16
 """A consumer that is behind polls up to this many times ``batch_size`` records: every
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
 _log = logging.getLogger("prme.projector")
+
+
+class VectorsNotPublished(Exception):
+    """A standby's batch has texts whose vectors the owner has not published yet."""
 
 
 class ProjectorRunner:
@@ -130,11 +136,14 @@ class ProjectorRunner:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Join the consumer group and start applying in the background."""
+    async def start(self, *, join: bool = True) -> None:
+        """Join the consumer group and start applying in the background. ``join=False``
+        opens only the key store (a serve-only node seals what it appends)."""
         self._data_dir.mkdir(parents=True, exist_ok=True)
         if self._owns_keys:
             await self.keys.start()
+        if not join:
+            return
         if self.changelog is not None:
             await self.changelog.start()
         self._held = {p: 0 for p in existing_shards(self._data_dir)}
@@ -217,6 +226,9 @@ class ProjectorRunner:
                     promoted = self.standbys.take(partition)
                 if promoted is not None:
                     _log.info("partition %d: the standby takes over", partition)
+                    promoted.publish_vectors_to(self.changelog)
+                    if self.changelog is not None:  # what the old owner published last
+                        await self.changelog.catch_up(partition)
                     self.metrics.standby_promotions.inc()
                     self.shards[partition] = promoted
                 else:
@@ -245,14 +257,38 @@ class ProjectorRunner:
         return shard
 
     async def _open_standby(self, partition: int) -> Shard:
-        return await self._new_shard(partition, lazily=False)
+        shard = await self._new_shard(partition, lazily=False)
+        shard.publish_vectors_to(None)  # the owner publishes; a copy only reads
+        return shard
 
-    async def _apply_standby(self, partition: int, shard: Shard, entries: list[Any]) -> None:
-        """Apply to a standby shard (the caller holds the partition's lock)."""
-        if self.changelog is not None and not self.changelog.restored(partition):
-            self.restores.append(await self.changelog.restore(partition))
-        for letter in await shard.apply(entries, self._encode):
+    async def _apply_standby(self, partition: int, shard: Shard, entries: list[Any]) -> bool:
+        """Apply to a standby shard (the caller holds the partition's lock); False when
+        the owner has not published the batch's vectors yet (try again later: a standby
+        never encodes what its owner encodes, unless the owner stays silent)."""
+        encode = self._encode
+        if self.changelog is not None:
+            if not self.changelog.restored(partition):
+                self.restores.append(await self.changelog.restore(partition))
+            else:
+                await self.changelog.catch_up(partition)
+            overdue = time.time() - entries[0].timestamp_ms / 1000 > STANDBY_ENCODE_AFTER_S
+            encode = self._encode if overdue else self._published_vectors
+        try:
+            dead = await shard.apply(entries, encode)
+        except VectorsNotPublished:
+            return False
+        for letter in dead:
             _log.warning("standby p%d@%d: %s", letter.partition, letter.offset, letter.error)
+        return True
+
+    async def _published_vectors(self, texts: list[str]) -> list[list[float]]:
+        """The vectors of ``texts`` from the cache only (VectorsNotPublished otherwise)."""
+        found = await asyncio.to_thread(
+            self._vector_cache.get_hashed, self.identity, [content_hash(t) for t in texts]
+        )
+        if any(vector is None for vector in found):
+            raise VectorsNotPublished
+        return [vector for vector in found if vector is not None]
 
     async def _on_revoked(self, partitions: set[int]) -> None:
         """Kafka's classic protocol revokes every partition at each rebalance; the sticky

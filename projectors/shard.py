@@ -84,6 +84,10 @@ class Shard:
         self.position = -1
         """The last offset this shard has processed (applied or dead-lettered)."""
 
+    def publish_vectors_to(self, changelog: VectorChangelog | None) -> None:
+        """Start (or stop) publishing computed vectors: a standby promoted to owner."""
+        self._changelog = changelog
+
     async def open(self, *, lazily: bool = False) -> None:
         """Open the models; with ``lazily``, a shard that has no directory yet is created on
         first use (opening twelve empty vector shards costs seconds)."""

@@ -34,7 +34,7 @@ class StandbyKeeper:
         self,
         transport: LogTransport,
         open_shard: Callable[[int], Awaitable[Shard]],
-        apply: Callable[[int, Shard, list[object]], Awaitable[None]],
+        apply: Callable[[int, Shard, list[object]], Awaitable[bool]],
         lock: Callable[[int], asyncio.Lock],
     ) -> None:
         self._transport = transport
@@ -114,6 +114,6 @@ class StandbyKeeper:
             await shard.ensure_open()
             start = max(shard.position, shard.applied_offset()) + 1
             entries = await self._transport.read(partition, start, CHUNK)
-            if entries:
-                await self._apply(partition, shard, list(entries))
-            return len(entries)
+            if entries and await self._apply(partition, shard, list(entries)):
+                return len(entries)
+            return 0

@@ -76,6 +76,8 @@ class VectorChangelog:
         self._identity = identity
         self._width = identity.dimension * _FLOAT32.itemsize
         self._known: dict[int, dict[bytes, str]] = {}
+        self._read_to: dict[int, int] = {}
+        """Per partition, the changelog offset this node has read up to."""
         """partition -> key on the changelog -> its owner (filled by restore)."""
 
     @property
@@ -95,6 +97,7 @@ class VectorChangelog:
         """Drop what this node knows of ``partition`` (it was revoked: another node may
         write its changelog until it comes back, and a new restore reads it again)."""
         self._known.pop(partition, None)
+        self._read_to.pop(partition, None)
 
     async def restore(self, partition: int) -> RestoreStats:
         """Read changelog ``partition`` from its start: every key is noted, and entries of
@@ -119,16 +122,45 @@ class VectorChangelog:
         if end != loaded_until:
             self._cache.load_changelog(self._identity.key, {}, (), mark, end)
         self._known[partition] = known
-        # Whose texts the loaded vectors are: an erasure this node applies drops them.
+        self._read_to[partition] = end
+        await self._note_owners(known)
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    async def catch_up(self, partition: int) -> int:
+        """Load what was published to ``partition``'s changelog since this node last read
+        it (a standby follows its owner's vectors this way); returns the records read."""
+        if partition not in self._known:
+            return (await self.restore(partition)).records
+        start, end = self._read_to.get(partition, 0), await self._log.end_offset(partition)
+        if start >= end:
+            return 0
+        mark = f"{self._log.topic}/{partition}/{self._identity.key}"
+        loaded_until = min(self._cache.changelog_offset(mark), start)
+        known, fresh = self._known[partition], {}
+        stats = RestoreStats(partition)
+        offset = start
+        while offset < end:
+            entries, offset = await self._log.read(partition, offset, end)
+            stats.records += len(entries)
+            before = set(known)
+            puts, deletes = self._note(entries, known, loaded_until, stats)
+            fresh.update({k: known[k] for k in set(known) - before})
+            if puts or deletes:
+                self._cache.load_changelog(self._identity.key, puts, deletes, mark, offset)
+        self._read_to[partition] = end
+        await self._note_owners(fresh)
+        return stats.records
+
+    async def _note_owners(self, keys: dict[bytes, str]) -> None:
+        """Whose texts the loaded vectors are: an erasure this node applies drops them."""
         refs = [
             (decoded.content_hash, decoded.owner)
-            for key in known
+            for key in keys
             if (decoded := ChangelogKey.decode(key)) is not None
             and decoded.identity == self._identity.key
         ]
         await asyncio.to_thread(self._cache.add_owners, self._identity, refs)
-        stats.seconds = time.perf_counter() - started
-        return stats
 
     def _note(
         self,

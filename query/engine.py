@@ -186,8 +186,8 @@ class MemoryEngine(MemoryBackend):
         if url is not None:
             router = ClusterRouter(settings, runner, transport, runner.metrics, url=url)
         try:
+            await runner.start(join=settings.cluster.project)
             if settings.cluster.project:
-                await runner.start()
                 if catch_up:
                     await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
             if router is not None:

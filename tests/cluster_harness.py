@@ -64,7 +64,13 @@ class Node:
 
     def start(self) -> Node:
         command = [sys.executable, "-m", "prme.cli", "serve", "--data-dir", str(self.data_dir)]
-        command += ["--port", str(self.port), "--log-level", "warning", *self.args]
+        command += [
+            "--port",
+            str(self.port),
+            "--log-level",
+            os.environ.get("PRME_TEST_NODE_LOG_LEVEL", "warning"),
+            *self.args,
+        ]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command, env=self.env, stdout=log, stderr=subprocess.STDOUT

@@ -51,3 +51,18 @@ def test_standbys_live_on_other_members() -> None:
         assert not set(member.partitions) & set(member.standbys)
     assert sorted(p for m in plan.values() for p in m.standbys) == list(range(12))
     assert plan_cluster({"a": claims["a"]}, range(4), standby_replicas=2)["a"].standbys == []
+
+
+def test_an_owners_standbys_are_spread_over_the_other_members() -> None:
+    # After a first generation in which "a" held everything (warm -1: no data then).
+    claims = {
+        "a": MemberClaim(url="http://a", warm=dict.fromkeys(range(12), -1)),
+        "b": MemberClaim(url="http://b"),
+        "c": MemberClaim(url="http://c"),
+    }
+    plan = plan_cluster(claims, range(12), standby_replicas=1)
+    for owner in plan:
+        backed = [
+            sum(p in plan[m].standbys for p in plan[owner].partitions) for m in plan if m != owner
+        ]
+        assert sorted(backed) == [2, 2], (owner, plan)

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from prme.producers.factory import open_transport
-from prme.schemas.codec import decode_record
 from prme.schemas.config import Settings
+from prme.schemas.sealing import envelope_of
 
 from .cluster_harness import ADMIN, Node, node_env, running, wait_ready, wait_split
 
@@ -121,7 +121,7 @@ async def logged_event_ids(bootstrap: str, topic: str) -> list[str]:
                 entries = await transport.read(partition, offset, 1000)
                 if not entries:
                     break
-                ids += [decode_record(e.value).event_id for e in entries]
+                ids += [envelope_of(e.value).event_id for e in entries]  # sealed: envelopes
                 offset = entries[-1].offset + 1
     finally:
         await transport.close()
