@@ -10,6 +10,10 @@ Durability: the sidecar commits first, then the index commits the documents toge
 a tracking document holding the batch's last offset. After a crash between the two the
 sidecar is ahead; replaying from :meth:`LexicalModel.applied_offset` repairs the index
 because every sidecar write is idempotent and documents are computed from its content.
+
+A writer opened on an existing index (and one rolled back) hands its first operation the
+opstamp of the last commit; see :func:`_open_writer` for why that operation must be one
+that deletes nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ from .lexical_windows import LexicalDocument, SequencePoint, WindowStore
 MAX_QUERY_TERMS: Final = 256
 WRITER_HEAP_BYTES: Final = 48_000_000
 TRACKING_ID: Final = "__tracking__"
+OPSTAMP_GUARD_ID: Final = "__opstamp_guard__"
+"""A node id no document has: the target of the delete that takes a fresh writer's first
+opstamp (see :func:`_open_writer`)."""
 DEFAULT_SETTINGS: Final = LexicalSettings()
 
 _DOCUMENT_FIELDS: Final = ("owner", "scope", "session_id", "state", "text", "context", "speaker")
@@ -122,6 +129,29 @@ def _open_index(schema: tantivy.Schema, index_dir: Path) -> tuple[tantivy.Index,
     return index, True
 
 
+def _take_commit_opstamp(writer: tantivy.IndexWriter) -> None:
+    """Spend ``writer``'s first opstamp on a delete that matches no document.
+
+    Tantivy starts a new writer's opstamps at the last commit's own opstamp ``C`` (and so does
+    ``rollback``), so the first operation after a restart is stamped ``C``, as if it were
+    part of that commit. A merge of committed segments that starts before the writer's
+    first commit has target ``C``: it applies the operations stamped <= ``C`` to a segment
+    whose deletes are older, skips a segment whose deletes are stamped ``C`` ("up to date"),
+    and hands the merged segment the first segment's delete cursor, which has passed the
+    operation. A delete in that operation is then never applied to the second segment's
+    documents: after a projector was killed between a commit and the merge it started, the
+    first delete of the replayed batch was lost and a stale version of that node stayed in
+    the index next to the new one. A delete of a node id that no document has makes that
+    operation harmless."""
+    writer.delete_documents_by_term("node_id", OPSTAMP_GUARD_ID)
+
+
+def _open_writer(index: tantivy.Index) -> tantivy.IndexWriter:
+    writer = index.writer(heap_size=WRITER_HEAP_BYTES, num_threads=1)
+    _take_commit_opstamp(writer)
+    return writer
+
+
 class LexicalModel:
     """The lexical read model of one shard, in ``path`` (index and sidecar)."""
 
@@ -133,9 +163,7 @@ class LexicalModel:
         index_dir.mkdir(parents=True, exist_ok=True)
         self._index, self._fast_ids = _open_index(_schema(), index_dir)
         self._schema = self._index.schema
-        self._writer: tantivy.IndexWriter | None = self._index.writer(
-            heap_size=WRITER_HEAP_BYTES, num_threads=1
-        )
+        self._writer: tantivy.IndexWriter | None = _open_writer(self._index)
         # A process killed mid-commit leaves files no meta.json names (such as the .del file
         # of an uncommitted delete); replaying the same batch would collide with them.
         self._writer.garbage_collect_files()
@@ -189,7 +217,8 @@ class LexicalModel:
             writer.add_document(tantivy.Document(node_id=TRACKING_ID, offset=last))
             writer.commit()
         except BaseException:
-            writer.rollback()
+            writer.rollback()  # a new writer inside, stamping from the last commit again
+            _take_commit_opstamp(writer)
             raise
         self._index.reload()
         self._offset = last
@@ -318,10 +347,13 @@ class LexicalModel:
         return found
 
     def digest(self) -> str:
-        rows = [
+        """A hash of the offset and of every document's content, whatever the segment layout:
+        rows are sorted on all their fields, so which segment holds which document does not
+        matter, while a second (stale) version of a node still changes the hash."""
+        rows = sorted(
             [d.node_id, d.owner, d.scope, d.session_id, d.state, d.text, d.context, d.speaker]
             for d in self.documents()
-        ]
+        )
         return hashlib.sha256(msgspec.json.encode([self._offset, rows])).hexdigest()
 
     def purge(self) -> None:
