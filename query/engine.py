@@ -187,9 +187,8 @@ class MemoryEngine(MemoryBackend):
             router = ClusterRouter(settings, runner, transport, runner.metrics, url=url)
         try:
             await runner.start(join=settings.cluster.project)
-            if settings.cluster.project:
-                if catch_up:
-                    await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
+            if settings.cluster.project and catch_up:
+                await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
             if router is not None:
                 await router.start()
         except BaseException:
