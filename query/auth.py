@@ -33,14 +33,22 @@ class Caller(msgspec.Struct, frozen=True):
         return self.owner == ADMIN
 
     def authorize(self, user_id: str) -> None:
-        """Forbidden unless this caller may act for ``user_id``."""
-        if not self.is_admin and not hmac.compare_digest(self.owner, user_id):
+        """Forbidden unless this caller may act for ``user_id``. Compared as UTF-8 bytes:
+        ``compare_digest`` refuses ``str`` with non-ASCII characters (a TypeError)."""
+        if not self.is_admin and not _same_owner(self.owner, user_id):
             raise Forbidden(f"this API key may not act for owner {user_id!r}")
         self.acted_for.append(user_id)
 
     def authorize_all(self, user_ids: Iterable[str]) -> None:
         for user_id in user_ids:
             self.authorize(user_id)
+
+
+def _same_owner(bound: str, user_id: str) -> bool:
+    # surrogatepass: a lone surrogate cannot reach here from JSON, but must not raise either.
+    return hmac.compare_digest(
+        bound.encode("utf-8", "surrogatepass"), user_id.encode("utf-8", "surrogatepass")
+    )
 
 
 class ApiKeys:
