@@ -6,6 +6,7 @@ Validation happens before anything is appended: a bad record raises
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -75,6 +76,10 @@ class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str | None = None
 
 
+OWNER_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Refused in new owner ids: C0 and C1 controls (NUL, the unit separator, tabs, newlines)
+name no one a person would pick, and break logs, headers and key encodings."""
+
 ADDITION_MISMATCH = "each message must belong to the history it is added to"
 REPLACEMENT_MISMATCH = "replacement messages must share the history's owner/session/scope"
 
@@ -86,6 +91,17 @@ def check_history(
     for draft in drafts:
         if (draft.owner, draft.session_id, draft.scope) != (owner, session_id, scope):
             raise InvalidInput(mismatch)
+
+
+def check_owner(owner: str, field: str = "owner") -> None:
+    """InvalidInput if ``owner`` holds a control character (the record's own checks, length
+    and surrounding whitespace, run when it is built)."""
+    found = OWNER_CONTROL_CHARACTERS.search(owner)
+    if found is not None:
+        raise InvalidInput(
+            f"an owner id may not contain a control character (U+{ord(found.group()):04X} "
+            f"at index {found.start()}) - at $.{field}"
+        )
 
 
 def new_event_id() -> str:
@@ -124,6 +140,7 @@ class Producer:
 
     def build_message(self, draft: MessageDraft) -> Message:
         """The validated ``message`` record for ``draft`` (raises InvalidInput)."""
+        check_owner(draft.owner)
         for name in ("metadata", "fields"):
             self._check_json(name, getattr(draft, name))
         fields = msgspec.structs.asdict(draft)
@@ -137,6 +154,8 @@ class Producer:
         record_type = _CONTROL_TYPES.get(kind)
         if record_type is None:
             raise InvalidInput(f"unknown control kind {kind!r} (known: {sorted(_CONTROL_TYPES)})")
+        if kind != "owner_erased":  # an owner written before the check may still be erased
+            check_owner(owner)
         fields.update(kind=kind, owner=owner, event_id=new_event_id(), recorded_at=_now())
         return _convert(fields, record_type)
 
@@ -144,6 +163,7 @@ class Producer:
         self, owner: str, session_id: str, scope: str, drafts: Sequence[MessageDraft]
     ) -> list[Record]:
         """A ``history_replaced`` marker followed by the new messages (append atomically)."""
+        check_owner(owner)
         marker = _convert(
             {
                 "kind": "history_replaced",
@@ -227,8 +247,22 @@ class Producer:
 def log_item(record: Record) -> LogItem:
     """What the log stores for ``record``: its owner as the key, its encoding, and the
     dedupe key of its ``request_id``."""
-    dedupe_key = f"{record.owner}\x1f{record.request_id}" if record.request_id else None
-    return LogItem(record.owner.encode(), encode_record(record), dedupe_key)
+    key = dedupe_key(record.owner, record.request_id) if record.request_id else None
+    return LogItem(record.owner.encode(), encode_record(record), key)
+
+
+def dedupe_key(owner: str, request_id: str) -> str:
+    """The idempotency key of ``request_id`` of ``owner``: distinct for distinct pairs.
+
+    An owner without a unit separator (every owner the producer accepts) keeps the form
+    the local log has always stored, ``owner␟request_id``: it splits at its first ``␟``, so
+    it is unambiguous. An owner with one (written before owner ids were checked) gets a
+    length-prefixed form that starts with ``␟``, which no key of the first form does (owner
+    ids are not empty): owner ``a␟x`` with request ``y`` and owner ``a`` with request
+    ``x␟y`` no longer share a key."""
+    if "\x1f" not in owner:
+        return f"{owner}\x1f{request_id}"
+    return f"\x1f{len(owner)}:{owner}{request_id}"
 
 
 def _convert(fields: dict[str, Any], record_type: type[Record]) -> Any:

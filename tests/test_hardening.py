@@ -110,8 +110,8 @@ async def test_an_owner_id_with_control_characters_is_refused_and_nothing_is_wri
         await transport.close()
 
 
-async def test_the_same_request_id_of_two_owners_writes_both(local_settings: Settings) -> None:
-    transport = open_transport(local_settings)
+async def check_request_ids_of_two_owners_both_write(settings: Settings) -> None:
+    transport = open_transport(settings)
     await transport.start()
     try:
         producer = Producer(transport)
@@ -126,8 +126,22 @@ async def test_the_same_request_id_of_two_owners_writes_both(local_settings: Set
         receipts = await producer.append_records(legacy, atomic=False)
         assert receipts[0].position != receipts[1].position
         assert sum((await transport.end_offsets()).values()) == 2
+        again = await producer.append_records(legacy, atomic=False)  # a retry writes nothing
+        assert [r.position for r in again] == [r.position for r in receipts]
+        assert sum((await transport.end_offsets()).values()) == 2
     finally:
         await transport.close()
+
+
+async def test_the_same_request_id_of_two_owners_writes_both(local_settings: Settings) -> None:
+    await check_request_ids_of_two_owners_both_write(local_settings)
+
+
+@pytest.mark.kafka
+async def test_the_same_request_id_of_two_owners_writes_both_on_kafka(
+    kafka_settings: Settings,
+) -> None:
+    await check_request_ids_of_two_owners_both_write(kafka_settings)
 
 
 # -- 3: a node cannot supersede itself ---------------------------------------------------
