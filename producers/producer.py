@@ -104,6 +104,15 @@ def check_owner(owner: str, field: str = "owner") -> None:
         )
 
 
+def check_supersede(node_id: str, by_node_id: str) -> None:
+    """InvalidInput if a node would supersede itself (it would leave retrieval with nothing
+    in its place)."""
+    if node_id == by_node_id:
+        raise InvalidInput(
+            f"a node cannot supersede itself: by_node_id names node {node_id!r} - at $.by_node_id"
+        )
+
+
 def new_event_id() -> str:
     """A UUIDv7 string: unique and time-ordered."""
     return str(uuid_utils.uuid7())
@@ -156,6 +165,8 @@ class Producer:
             raise InvalidInput(f"unknown control kind {kind!r} (known: {sorted(_CONTROL_TYPES)})")
         if kind != "owner_erased":  # an owner written before the check may still be erased
             check_owner(owner)
+        if kind == "node_superseded":
+            check_supersede(fields.get("node_id", ""), fields.get("by_node_id", ""))
         fields.update(kind=kind, owner=owner, event_id=new_event_id(), recorded_at=_now())
         return _convert(fields, record_type)
 

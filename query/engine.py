@@ -18,6 +18,7 @@ from prme.producers.producer import (
     MessageDraft,
     Producer,
     check_history,
+    check_supersede,
 )
 from prme.producers.transport import LogTransport, Position
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
@@ -243,6 +244,7 @@ class MemoryEngine(MemoryBackend):
     ) -> StoreResult:
         await self._check_node(node_id, user_id)
         await self._check_node(by_node_id, user_id)
+        check_supersede(node_id, by_node_id)
         receipt = await self._producer.append_control(
             "node_superseded", user_id, node_id=node_id, by_node_id=by_node_id
         )
