@@ -178,6 +178,19 @@ class Shard:
             except RecordDecodeError as error:
                 dead.append(DeadLetter(entry.partition, entry.offset, str(error), entry.value))
                 continue
+            if record.owner.encode("utf-8", "surrogatepass") != entry.key:
+                # Queries find an owner's records in the owner's partition: one filed under
+                # another key would be readable by event id but missing from everything else.
+                dead.append(
+                    DeadLetter(
+                        entry.partition,
+                        entry.offset,
+                        f"record {record.event_id} has owner {record.owner!r} but log key "
+                        f"{entry.key!r}: the key must be the owner id's UTF-8 bytes",
+                        entry.value,
+                    )
+                )
+                continue
             node = derive_node(record) if isinstance(record, Message) else None
             projected.append(
                 ProjectedRecord(offset=entry.offset, record=record, node=node, data=entry.value)
