@@ -43,6 +43,8 @@ swapping engine files (waits that leave the CPU free), so more run side by side 
 MAX_BATCH_FACTOR = 16
 """A consumer that is behind polls up to this many times ``batch_size`` records: every
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
+STAGING_SUFFIX = ".rebuild"
+RETIRED_SUFFIX = ".retired"
 _log = logging.getLogger("prme.projector")
 
 
@@ -103,6 +105,7 @@ class ProjectorRunner:
     async def start(self) -> None:
         """Join the consumer group and start applying in the background."""
         self._data_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_staging(self._data_dir)
         if self.changelog is not None:
             await self.changelog.start()
         self._consumer = self.transport.consumer(self._group)
@@ -444,7 +447,8 @@ class ProjectorRunner:
         target: int,
     ) -> int:
         await shard.ensure_open()
-        staging = shard.directory.with_name(shard.directory.name + ".rebuild")
+        staging = staging_directory(shard.directory)
+        shutil.rmtree(staging, ignore_errors=True)  # a rebuild starts from the log, always
         staged = Shard(
             staging,
             partition,
@@ -466,6 +470,7 @@ class ProjectorRunner:
         finally:
             if staged.models:
                 await staged.close()
+            shutil.rmtree(staging, ignore_errors=True)  # gone once swapped; else abandoned
         return replayed
 
     async def _replay(
@@ -513,6 +518,35 @@ class ProjectorRunner:
 
         await shard.run(_swap_models)
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def staging_directory(shard_dir: Path) -> Path:
+    """Where a rebuild of the shard in ``shard_dir`` stages its models."""
+    return shard_dir.with_name(shard_dir.name + STAGING_SUFFIX)
+
+
+def remove_stale_staging(data_dir: Path) -> list[Path]:
+    """Clear what a rebuild killed mid-way leaves, before any shard opens (a pack is opened
+    by one process, so nothing else uses them): ``shards/p<N>.rebuild/`` folders are
+    removed, and a ``shards/p<N>/<model>.retired`` one (a swap killed between its two
+    renames) goes back in place if its model is missing, else is removed. Returns them."""
+    shards = data_dir / "shards"
+    if not shards.is_dir():
+        return []
+    staged = list(shards.glob("p*" + STAGING_SUFFIX))
+    retired = list(shards.glob("p*/*" + RETIRED_SUFFIX))
+    for path in [*staged, *retired]:
+        live = path.with_name(path.name.removesuffix(RETIRED_SUFFIX))
+        if path in retired and not live.exists():
+            _log.warning("restoring %s, moved aside by an interrupted rebuild", live)
+            path.rename(live)
+            continue
+        _log.info("removing %s, left by an interrupted rebuild", path)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return [*staged, *retired]
 
 
 def next_batch_size(size: int, polled: dict[int, list[Any]], base: int) -> int:

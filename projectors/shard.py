@@ -269,7 +269,7 @@ class Shard:
 
 def replace_model_directory(live: Path, staged: Path) -> None:
     """Swap ``staged`` in for ``live`` (rename is atomic on one file system)."""
-    retired = live.with_name(live.name + ".retired")
+    retired = live.with_name(live.name + ".retired")  # runner.RETIRED_SUFFIX
     if retired.exists():
         shutil.rmtree(retired)
     if live.exists():

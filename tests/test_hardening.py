@@ -16,6 +16,7 @@ from prme.producers.producer import MessageDraft, Producer, log_item
 from prme.producers.transport import LogItem, Position
 from prme.projectors.dead_letters import read_dead_letters
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.projectors.runner import remove_stale_staging
 from prme.projectors.stores.graph import GraphModel
 from prme.query.engine import MemoryEngine
 from prme.query.http_types import RetrieveRequest
@@ -264,6 +265,16 @@ async def test_a_stale_rebuild_folder_is_removed_when_the_runner_opens(
         results = (await engine.retrieve("killed rebuild", "alice")).results
         assert [r.event_id for r in results] == [stored.event_id]
     assert sorted(p.name for p in shards.iterdir() if ".rebuild" in p.name) == []
+
+
+def test_a_model_moved_aside_by_a_killed_swap_goes_back_in_place(tmp_path: Path) -> None:
+    shard = tmp_path / "shards" / "p2"
+    (shard / "graph.retired").mkdir(parents=True)
+    (shard / "graph.retired" / "graph.sqlite3").write_bytes(b"the old model")
+    (shard / "vector").mkdir()
+    assert remove_stale_staging(tmp_path) == [shard / "graph.retired"]
+    assert (shard / "graph" / "graph.sqlite3").read_bytes() == b"the old model"
+    assert sorted(p.name for p in shard.iterdir()) == ["graph", "vector"]
 
 
 # -- 9: validation gaps at the HTTP edge ----------------------------------------------------
