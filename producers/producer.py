@@ -104,6 +104,44 @@ def check_owner(owner: str, field: str = "owner") -> None:
         )
 
 
+def check_content(
+    content: Any, tool_calls: Sequence[Any] = (), at: str = " - at $.content"
+) -> None:
+    """InvalidInput if ``content`` is empty or whitespace only (a memory with no text is
+    never retrieved), unless the message carries ``tool_calls`` (an assistant turn that only
+    calls tools has empty content). ``at`` ends the message (msgspec adds its own path)."""
+    empty = not content or (isinstance(content, str) and not content.strip())
+    if empty and not tool_calls:
+        raise InvalidInput(
+            f"content must not be empty or whitespace only unless the message has tool_calls{at}"
+        )
+
+
+NUMBER_RANGE = (-(2**63), 2**64 - 1)
+"""What the log's msgpack can store of a number in free-form JSON (metadata, fields, tool
+calls, content blocks); floats are held to it too, so one rule (and one JSON Schema bound)
+covers every number."""
+
+
+def check_numbers(value: Any, path: str) -> None:
+    """InvalidInput naming the first number under ``value`` outside :data:`NUMBER_RANGE`."""
+    low, high = NUMBER_RANGE
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int | float):
+            if not low <= item <= high:
+                raise InvalidInput(
+                    f"number {item!r} is outside the storable range -2**63 to 2**64-1 - at {where}"
+                )
+        elif isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+
+
 def check_supersede(node_id: str, by_node_id: str) -> None:
     """InvalidInput if a node would supersede itself (it would leave retrieval with nothing
     in its place)."""
@@ -150,8 +188,11 @@ class Producer:
     def build_message(self, draft: MessageDraft) -> Message:
         """The validated ``message`` record for ``draft`` (raises InvalidInput)."""
         check_owner(draft.owner)
+        check_content(draft.content, draft.tool_calls)
         for name in ("metadata", "fields"):
             self._check_json(name, getattr(draft, name))
+        for name in ("content", "tool_calls", "metadata", "fields"):
+            check_numbers(getattr(draft, name), f"$.{name}")
         fields = msgspec.structs.asdict(draft)
         fields.update(kind="message", event_id=new_event_id(), recorded_at=_now())
         message = _convert(fields, Message)

@@ -7,7 +7,7 @@ and start at 0; ``Position`` is also the consistency token a writer gets back.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
 
 import msgspec
 
@@ -15,8 +15,8 @@ import msgspec
 class Position(msgspec.Struct, frozen=True, order=True):
     """Where a record landed: the consistency token ``(partition, offset)``."""
 
-    partition: int
-    offset: int
+    partition: Annotated[int, msgspec.Meta(ge=0)]
+    offset: Annotated[int, msgspec.Meta(ge=0)]
 
 
 class LogItem(msgspec.Struct, frozen=True):

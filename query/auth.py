@@ -66,17 +66,24 @@ class ApiKeys:
         """The caller of ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``."""
         if self.open:
             return Caller(ADMIN)
-        key = api_key
-        if authorization:
-            scheme, _, credentials = authorization.partition(" ")
+        # Every credential presented must hold: a bad one is never skipped for the other.
+        keys: set[str] = set()
+        if authorization is not None:
+            scheme, _, credentials = authorization.strip().partition(" ")
             if scheme.lower() != "bearer" or not credentials.strip():
                 raise Unauthenticated("the Authorization header must be 'Bearer <API key>'")
-            key = credentials.strip()
-        if not key:
+            keys.add(credentials.strip())
+        if api_key is not None:
+            if not api_key.strip():
+                raise Unauthenticated("the X-API-Key header is empty")
+            keys.add(api_key.strip())
+        if not keys:
             raise Unauthenticated(
                 "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key'"
             )
-        presented = key.encode()
+        if len(keys) > 1:
+            raise Unauthenticated("Authorization and X-API-Key name different keys")
+        presented = keys.pop().encode()
         owner: str | None = None
         # Compare against every key so the time taken does not tell which one matched.
         for known, bound in self._keys:

@@ -35,7 +35,7 @@ from prme.schemas.records import Message, Record, memory_node_id
 from prme.schemas.tracing import Tracing
 
 from .backend import MemoryBackend
-from .http_types import RetrieveRequest, StoreRequest
+from .http_types import MAX_TOP_K, RetrieveRequest, StoreRequest
 from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
 from .retrieve import Retriever
 from .tokens import TokenCounter
@@ -305,8 +305,10 @@ class MemoryEngine(MemoryBackend):
         """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""
         if not request.query or not request.query.strip():
             raise InvalidInput("query must not be empty")
-        if request.top_k <= 0:
-            raise InvalidInput(f"top_k must be at least 1, got {request.top_k} - at $.top_k")
+        if not 1 <= request.top_k <= MAX_TOP_K:
+            raise InvalidInput(
+                f"top_k must be between 1 and {MAX_TOP_K}, got {request.top_k} - at $.top_k"
+            )
         if request.token_budget <= 0:
             raise InvalidInput(
                 f"token_budget must be at least 1, got {request.token_budget} - at $.token_budget"
@@ -333,7 +335,12 @@ class MemoryEngine(MemoryBackend):
         limit: int | None = None,
         after: Position | None = None,
     ) -> list[Message]:
-        """The chat history of (owner, session, scope) with clear, replace and delete applied."""
+        """The chat history of (owner, session, scope) with clear, replace and delete applied
+        (``limit``: the newest N messages)."""
+        if limit is not None:
+            if limit < 1:
+                raise InvalidInput(f"limit must be at least 1, got {limit} - at `limit`")
+            limit = min(limit, 2**62)  # more than any history holds, and SQLite can take it
         if after is not None:
             await self.wait_after(user_id, after)
         shard = await self.runner.shard_for(user_id)

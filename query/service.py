@@ -8,20 +8,26 @@ msgspec types, is served at ``/schema/openapi.json``. Request bodies are decoded
 from __future__ import annotations
 
 import logging
+import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 from litestar import Litestar, Request, Response, Router, delete, get, post
+from litestar._openapi.schema_generation import SchemaCreator
+from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.dto import MsgspecDTO
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
-from litestar.openapi import OpenAPIConfig
-from litestar.openapi.spec import Components, SecurityScheme
+from litestar.openapi import OpenAPIConfig, ResponseSpec
+from litestar.openapi.spec import Components, Reference, Schema, SecurityScheme
+from litestar.openapi.spec.enums import OpenAPIType
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.typing import FieldDefinition
 
+from prme.producers.producer import NUMBER_RANGE
 from prme.projectors.status import partition_statuses
 from prme.schemas.config import Settings
 from prme.schemas.errors import InvalidInput, PRMEError, ShardUnavailable
@@ -31,10 +37,15 @@ from .auth import ApiKeys, Caller
 from .engine import MemoryEngine
 from .http_errors import HTTP_KINDS, status_of
 from .http_types import (
+    TEXT_PATTERN,
+    TOKEN_PATTERN,
+    USER_ID_PATTERN,
     ArchiveRequest,
+    Body,
     ClearHistoryRequest,
     ErrorBody,
     Health,
+    HistoryMessageIn,
     HistoryWriteRequest,
     Readiness,
     RenderedBundle,
@@ -58,8 +69,53 @@ class StrictBody(MsgspecDTO[T], Generic[T]):
     ``"10"`` to ``10``); errors name the field, e.g. ``Expected `int`, got `str` - at
     `$.top_k```."""
 
+    @classmethod
+    def create_openapi_schema(
+        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: SchemaCreator
+    ) -> Schema | Reference:
+        """The body's schema from the Struct it is decoded into (the DTO's generated
+        transfer type would lose the field constraints)."""
+        return schema_creator.for_field_definition(FieldDefinition.from_annotation(cls.model_type))
+
     def decode_bytes(self, value: bytes) -> Any:
-        return msgspec.json.decode(value, type=self.model_type)
+        if not value.strip():
+            raise InvalidInput(_MISSING_BODY)
+        try:
+            return msgspec.json.decode(value, type=self.model_type)
+        except msgspec.DecodeError as error:
+            lone = _lone_surrogate(value)
+            if lone is None or isinstance(error, msgspec.ValidationError):
+                raise
+            escape, at = lone
+            raise msgspec.DecodeError(
+                f"invalid unicode escape {escape} at byte {at}: a lone surrogate is not a "
+                "character (escape a surrogate pair, or send the text as UTF-8)"
+            ) from error
+
+
+_MISSING_BODY = "a JSON request body is required"
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def _lone_surrogate(body: bytes) -> tuple[str, int] | None:
+    """The first ``\\uD800``-``\\uDFFF`` escape of ``body`` that is not half of a pair, and
+    where it is: msgspec reports one as "Input data was truncated", which sends people
+    looking for a cut-off body."""
+    pending: re.Match[bytes] | None = None  # a high surrogate waiting for its low half
+    for match in _ESCAPE.finditer(body):
+        code = int(match.group(1), 16) if match.group(1) else None
+        if pending is not None:
+            if code is not None and 0xDC00 <= code <= 0xDFFF and match.start() == pending.end():
+                pending = None
+                continue
+            break
+        if code is not None and 0xD800 <= code <= 0xDBFF:
+            pending = match
+        elif code is not None and 0xDC00 <= code <= 0xDFFF:
+            return match.group().decode(), match.start()
+    if pending is not None:
+        return pending.group().decode(), pending.start()
+    return None
 
 
 # -- dependencies ---------------------------------------------------------------------
@@ -77,8 +133,117 @@ async def provide_caller(
 
 EngineDep = NamedDependency[MemoryEngine]
 CallerDep = NamedDependency[Caller]
-UserId = Annotated[str, QueryParameter(description="the owner acted on", min_length=1)]
+UserId = Annotated[
+    str,
+    QueryParameter(
+        description="the owner acted on (1-256 characters, no control characters, no "
+        "surrounding space)",
+        min_length=1,
+        max_length=256,
+        pattern=USER_ID_PATTERN,
+    ),
+]
 Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]
+
+
+# -- the OpenAPI document: what the service enforces and answers ------------------------
+
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "invalid_input: malformed JSON, a missing or unknown field, a wrong type or a bad "
+    "value (the detail names the field); nothing was written",
+    401: "unauthenticated: no API key, or an unknown one",
+    403: "forbidden: the key may not act for that owner",
+    404: "not_found: no such event or node for the owner, or no such route",
+    409: "embedding_mismatch: the pack's vectors come from another embedding model",
+    413: "payload_too_large: the body is over limits.max_body_bytes",
+    503: "shard_unavailable / transport_unavailable: the owner is not projected by this "
+    "process, the projector stopped, or the log is unreachable",
+    504: "consistency_timeout: a write or the after token was not applied within "
+    "query.consistency_timeout_s",
+}
+
+
+def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
+    """The documented error responses ``statuses``: all of them an :class:`ErrorBody`."""
+    return {
+        status: ResponseSpec(
+            ErrorBody, description=ERROR_DESCRIPTIONS[status], generate_examples=False
+        )
+        for status in statuses
+    }
+
+
+PROTECTED_ERRORS = error_responses(400, 401, 403, 404, 413, 503, 504)
+"""What every route behind an API key can answer besides its success."""
+
+
+class JsonValue:
+    """Marks the component schema of free-form JSON in the OpenAPI document."""
+
+
+def json_value_schema(schema_creator: SchemaCreator) -> Reference:
+    """A reference to the ``JsonValue`` component (registered on first use): free-form JSON
+    whose numbers lie in ``NUMBER_RANGE``, what the producer's ``check_numbers`` accepts."""
+    registry = schema_creator.schema_registry
+    marker = FieldDefinition.from_annotation(JsonValue)
+    schema = registry.get_schema_for_field_definition(marker)
+
+    def ref() -> Reference:
+        reference = registry.get_reference_for_field_definition(marker)
+        assert reference is not None
+        return reference
+
+    if schema.any_of is None:
+        schema.title = "JsonValue"
+        schema.description = (
+            "Free-form JSON (metadata, fields, tool calls, content blocks); every number lies "
+            "between -2**63 and 2**64-1, what the log's msgpack stores"
+        )
+        schema.any_of = [
+            Schema(type=OpenAPIType.STRING),
+            Schema(type=OpenAPIType.BOOLEAN),
+            Schema(type=OpenAPIType.NULL),
+            Schema(type=OpenAPIType.NUMBER, minimum=NUMBER_RANGE[0], maximum=NUMBER_RANGE[1]),
+            Schema(type=OpenAPIType.ARRAY, items=ref()),
+            Schema(type=OpenAPIType.OBJECT, additional_properties=ref()),
+        ]
+    return ref()
+
+
+class StrictBodySchemaPlugin(StructSchemaPlugin):
+    """Request bodies in the OpenAPI document as the service decodes them: unknown fields
+    are refused (``additionalProperties: false``), and a message's content is not empty
+    unless it carries tool calls (the rule ``check_content`` applies)."""
+
+    def is_plugin_supported_field(self, field_definition: FieldDefinition) -> bool:
+        return not field_definition.is_union and field_definition.is_subclass_of(Body)
+
+    def to_openapi_schema(
+        self, field_definition: FieldDefinition, schema_creator: SchemaCreator
+    ) -> Schema:
+        schema = super().to_openapi_schema(field_definition, schema_creator)
+        schema.additional_properties = False
+        if field_definition.is_subclass_of(HistoryMessageIn):
+            properties = dict(schema.properties or {})
+            value = json_value_schema(schema_creator)
+            value_object = Schema(type=OpenAPIType.OBJECT, additional_properties=value)
+            properties["content"] = Schema(
+                one_of=[
+                    Schema(type=OpenAPIType.STRING),
+                    Schema(type=OpenAPIType.ARRAY, items=value_object),
+                ]
+            )
+            properties["tool_calls"] = Schema(type=OpenAPIType.ARRAY, items=value_object)
+            properties["metadata"] = properties["fields"] = value_object
+            schema.properties = properties
+            text = Schema(type=OpenAPIType.STRING, min_length=1, pattern=TEXT_PATTERN)
+            blocks = Schema(type=OpenAPIType.ARRAY, min_items=1)
+            calls = Schema(type=OpenAPIType.ARRAY, min_items=1)
+            schema.any_of = [
+                Schema(properties={"content": Schema(one_of=[text, blocks])}),
+                Schema(required=["tool_calls"], properties={"tool_calls": calls}),
+            ]
+        return schema
 
 
 # -- open routes ----------------------------------------------------------------------
@@ -89,7 +254,12 @@ async def health() -> Health:
     return Health(status="ok")
 
 
-@get("/ready", summary="Readiness: the projector is running", tags=["service"])
+@get(
+    "/ready",
+    summary="Readiness: the projector is running",
+    tags=["service"],
+    responses={503: ResponseSpec(Readiness, description="not ready: see detail")},
+)
 async def ready(engine: EngineDep) -> Response[Readiness]:
     runner = engine.runner
     shards = dict(runner.shards)
@@ -112,7 +282,13 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
 # -- writes ---------------------------------------------------------------------------
 
 
-@post("/memories", dto=StrictBody[StoreRequest], return_dto=None, summary="Store one memory")
+@post(
+    "/memories",
+    dto=StrictBody[StoreRequest],
+    return_dto=None,
+    summary="Store one memory",
+    responses=PROTECTED_ERRORS,
+)
 async def store(data: JSONBody[StoreRequest], engine: EngineDep, caller: CallerDep) -> StoreResult:
     caller.authorize(data.user_id)
     return (await engine.store_many([data.draft()], wait=data.wait))[0]
@@ -123,6 +299,7 @@ async def store(data: JSONBody[StoreRequest], engine: EngineDep, caller: CallerD
     dto=StrictBody[StoreManyRequest],
     return_dto=None,
     summary="Store several memories atomically (all or none)",
+    responses=PROTECTED_ERRORS,
 )
 async def store_many(
     data: JSONBody[StoreManyRequest], engine: EngineDep, caller: CallerDep
@@ -136,6 +313,7 @@ async def store_many(
     dto=StrictBody[HistoryWriteRequest],
     return_dto=None,
     summary="Append messages to a chat history",
+    responses=PROTECTED_ERRORS,
 )
 async def add_messages(
     data: JSONBody[HistoryWriteRequest], engine: EngineDep, caller: CallerDep
@@ -151,6 +329,7 @@ async def add_messages(
     dto=StrictBody[HistoryWriteRequest],
     return_dto=None,
     summary="Replace a chat history atomically (a clear marker plus the new messages)",
+    responses=PROTECTED_ERRORS,
 )
 async def replace_history(
     data: JSONBody[HistoryWriteRequest], engine: EngineDep, caller: CallerDep
@@ -167,6 +346,7 @@ async def replace_history(
     return_dto=None,
     status_code=200,
     summary="Clear a chat history",
+    responses=PROTECTED_ERRORS,
 )
 async def clear_history(
     data: JSONBody[ClearHistoryRequest], engine: EngineDep, caller: CallerDep
@@ -181,6 +361,7 @@ async def clear_history(
     "/history/messages/{event_id:str}",
     status_code=200,
     summary="Remove one message from its chat history",
+    responses=PROTECTED_ERRORS,
 )
 async def delete_message(
     event_id: FromPath[str],
@@ -199,6 +380,7 @@ async def delete_message(
     return_dto=None,
     status_code=200,
     summary="Archive a memory node (it leaves normal retrieval)",
+    responses=PROTECTED_ERRORS,
 )
 async def archive(
     node_id: FromPath[str], data: JSONBody[ArchiveRequest], engine: EngineDep, caller: CallerDep
@@ -213,6 +395,7 @@ async def archive(
     return_dto=None,
     status_code=200,
     summary="Bring an archived or superseded node back",
+    responses=PROTECTED_ERRORS,
 )
 async def restore(
     node_id: FromPath[str], data: JSONBody[RestoreRequest], engine: EngineDep, caller: CallerDep
@@ -227,6 +410,7 @@ async def restore(
     return_dto=None,
     status_code=200,
     summary="Replace a node by another (it leaves retrieval)",
+    responses=PROTECTED_ERRORS,
 )
 async def supersede(
     node_id: FromPath[str], data: JSONBody[SupersedeRequest], engine: EngineDep, caller: CallerDep
@@ -235,7 +419,12 @@ async def supersede(
     return await engine.supersede(node_id, data.by_node_id, data.user_id, wait=data.wait)
 
 
-@delete("/owners", status_code=200, summary="Erase every trace of an owner (admin or the owner)")
+@delete(
+    "/owners",
+    status_code=200,
+    summary="Erase every trace of an owner (admin or the owner)",
+    responses=PROTECTED_ERRORS,
+)
 async def erase_owner(
     user_id: UserId, engine: EngineDep, caller: CallerDep, wait: Wait = True
 ) -> StoreResult:
@@ -253,6 +442,7 @@ async def erase_owner(
     return_dto=None,
     status_code=200,
     summary="Retrieve memories: results, a token-budgeted bundle and a receipt",
+    responses=PROTECTED_ERRORS,
 )
 async def retrieve(
     data: JSONBody[RetrieveRequest], engine: EngineDep, caller: CallerDep
@@ -265,7 +455,11 @@ async def retrieve(
     return RetrieveReply(results=response.results, bundle=bundle, receipt=response.receipt)
 
 
-@get("/history", summary="Read a chat history (clear, replace and delete applied)")
+@get(
+    "/history",
+    summary="Read a chat history (clear, replace and delete applied)",
+    responses=PROTECTED_ERRORS,
+)
 async def history(
     user_id: UserId,
     engine: EngineDep,
@@ -274,19 +468,25 @@ async def history(
     scope_: Annotated[
         str, QueryParameter(name="scope", description="the memory scope")
     ] = "default",
-    limit: Annotated[int | None, QueryParameter(description="the newest N messages")] = None,
+    limit: Annotated[
+        int | None, QueryParameter(description="the newest N messages (at least 1)", ge=1)
+    ] = None,
     after: Annotated[
-        str | None, QueryParameter(description="consistency token 'partition:offset'")
+        str | None,
+        QueryParameter(
+            description="consistency token 'partition:offset' of one of the owner's writes",
+            pattern=TOKEN_PATTERN,
+        ),
     ] = None,
 ) -> list[Message]:
     caller.authorize(user_id)
-    if limit is not None and limit < 1:
-        raise InvalidInput(f"limit must be at least 1, got {limit} - at query parameter `limit`")
     token = parse_token(after) if after is not None else None
     return await engine.history(user_id, session_id, scope=scope_, limit=limit, after=token)
 
 
-@get("/events/{event_id:str}", summary="The original record of an event")
+@get(
+    "/events/{event_id:str}", summary="The original record of an event", responses=PROTECTED_ERRORS
+)
 async def get_event(
     event_id: FromPath[str], user_id: UserId, engine: EngineDep, caller: CallerDep
 ) -> EventView:
@@ -294,7 +494,11 @@ async def get_event(
     return await engine.get_event(event_id, user_id)
 
 
-@get("/events/{event_id:str}/nodes", summary="The ids of the nodes derived from an event")
+@get(
+    "/events/{event_id:str}/nodes",
+    summary="The ids of the nodes derived from an event",
+    responses=PROTECTED_ERRORS,
+)
 async def get_event_nodes(
     event_id: FromPath[str], user_id: UserId, engine: EngineDep, caller: CallerDep
 ) -> list[str]:
@@ -305,9 +509,13 @@ async def get_event_nodes(
 # -- errors ---------------------------------------------------------------------------
 
 
-def _error(status: int, kind: str, detail: str) -> Response[ErrorBody]:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return Response(ErrorBody(kind, detail), status_code=status, headers=headers)
+def _error(
+    status: int, kind: str, detail: str, headers: dict[str, str] | None = None
+) -> Response[ErrorBody]:
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return Response(ErrorBody(kind, detail), status_code=status, headers=headers or None)
 
 
 def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
@@ -333,7 +541,9 @@ def on_http_error(request: Request[Any, Any, Any], error: Exception) -> Response
     detail = str(error.detail)
     if isinstance(error, ValidationException) and isinstance(error.extra, list):
         reasons = [
-            f"{item.get('message')} - at {_source(item)} `{item.get('key')}`"
+            _MISSING_BODY
+            if item.get("key") == "data" and _source(item) == "body parameter"
+            else f"{item.get('message')} - at {_source(item)} `{item.get('key')}`"
             for item in error.extra
             if isinstance(item, dict)
         ]
@@ -343,7 +553,8 @@ def on_http_error(request: Request[Any, Any, Any], error: Exception) -> Response
         detail = f"request body is over the limit of {limit} bytes (limits.max_body_bytes)"
     if status >= 500:
         log.error("request failed: %s", error)
-    return _error(status, HTTP_KINDS.get(status, "internal" if status >= 500 else "error"), detail)
+    kind = HTTP_KINDS.get(status, "internal" if status >= 500 else "error")
+    return _error(status, kind, detail, dict(error.headers or {}))  # 405 keeps its Allow
 
 
 def _source(item: dict[str, Any]) -> str:
@@ -405,6 +616,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
             HTTPException: on_http_error,
             Exception: on_unexpected,
         },
+        plugins=[StrictBodySchemaPlugin()],
         request_max_body_size=settings.limits.max_body_bytes,
         state=State({"max_body_bytes": settings.limits.max_body_bytes}),
         openapi_config=OpenAPIConfig(
@@ -417,7 +629,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
                     "apiKey": SecurityScheme(
                         type="apiKey", name="X-API-Key", security_scheme_in="header"
                     ),
-                }
+                },
             ),
         ),
     )
