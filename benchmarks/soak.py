@@ -258,7 +258,11 @@ async def soak(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             "max": round(max([rss_start, rss_end, *samples]), 1),
             "growth": round(rss_end - rss_start, 1),
             "growth_pct": round(100 * (rss_end - rss_start) / rss_start, 1),
+            "growth_per_1000_writes": round(
+                1000 * (rss_end - rss_start) / max(1, sum(map(len, tally.stored.values()))), 2
+            ),
             "samples": len(samples),
+            "series": [round(sample, 1) for sample in samples],
         },
     }
 
