@@ -1,7 +1,9 @@
 """Schemathesis hooks for ``tests/test_schemathesis.py`` (loaded by the ``st`` process via
 ``SCHEMATHESIS_HOOKS``): with an owner-bound key, a generated ``user_id`` that is valid
 becomes the key's owner, so the run reaches past ``403``; an invalid one stays as
-generated (the server must still refuse it)."""
+generated (the server must still refuse it). Every other generated event or node id is
+replaced by one of the owner's real ones (``PRME_SCHEMATHESIS_EVENTS``), so the event,
+delete and lifecycle routes are exercised past ``404`` too."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import schemathesis
 from prme.query.http_types import USER_ID_PATTERN
 
 OWNER = os.environ.get("PRME_SCHEMATHESIS_OWNER")
+EVENTS = [e for e in os.environ.get("PRME_SCHEMATHESIS_EVENTS", "").split(",") if e]
 _VALID = re.compile(USER_ID_PATTERN)
 
 
@@ -31,8 +34,24 @@ def _as_owner(container: Any) -> None:
                     _as_owner(item)
 
 
+def _real_id(generated: Any, prefix: str) -> Any:
+    """One of the real ids for every other generated one (chosen by the generated text,
+    so a run stays reproducible from its seed)."""
+    if not EVENTS or not isinstance(generated, str) or len(generated) % 2:
+        return generated
+    return prefix + EVENTS[len(generated) // 2 % len(EVENTS)]
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     if OWNER is not None:
         _as_owner(case.body)
         _as_owner(case.query)
+    path = case.path_parameters
+    if isinstance(path, dict):
+        if "event_id" in path:
+            path["event_id"] = _real_id(path["event_id"], "")
+        if "node_id" in path:
+            path["node_id"] = _real_id(path["node_id"], "mem:")
+    if isinstance(case.body, dict) and "by_node_id" in case.body:
+        case.body["by_node_id"] = _real_id(case.body["by_node_id"], "mem:")
