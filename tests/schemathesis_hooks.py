@@ -17,6 +17,8 @@ from prme.query.http_types import USER_ID_PATTERN
 
 OWNER = os.environ.get("PRME_SCHEMATHESIS_OWNER")
 EVENTS = [e for e in os.environ.get("PRME_SCHEMATHESIS_EVENTS", "").split(",") if e]
+TOKEN = os.environ.get("PRME_SCHEMATHESIS_TOKEN", "")
+"""``partition:offset`` of one of the owner's writes: the ``after`` of every other read."""
 _VALID = re.compile(USER_ID_PATTERN)
 
 
@@ -55,3 +57,23 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
             path["node_id"] = _real_id(path["node_id"], "mem:")
     if isinstance(case.body, dict) and "by_node_id" in case.body:
         case.body["by_node_id"] = _real_id(case.body["by_node_id"], "mem:")
+    if OWNER is not None and TOKEN:
+        _real_after(case)
+
+
+def _real_after(case: Any) -> None:
+    """A valid ``after`` (a token of the owner's own writes) for every other one that has
+    the right shape; a malformed one stays as generated."""
+    partition, offset = (int(part) for part in TOKEN.split(":"))
+    query, body = case.query, case.body
+    given = query.get("after") if isinstance(query, dict) else None
+    if isinstance(given, str) and re.fullmatch(r"[0-9]+:[0-9]+", given) and len(given) % 2 == 0:
+        query["after"] = TOKEN
+    if isinstance(body, dict) and isinstance(body.get("after"), dict):
+        after = body["after"]
+        shape = set(after) == {"partition", "offset"} and all(
+            isinstance(after[k], int) and not isinstance(after[k], bool) and after[k] >= 0
+            for k in after
+        )
+        if shape and (after["partition"] + after["offset"]) % 2 == 0:
+            body["after"] = {"partition": partition, "offset": offset}

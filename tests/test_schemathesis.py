@@ -50,8 +50,9 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
-def owner_events(url: str) -> str:
-    """Event ids of memories of the owner (the hooks use them as path ids), comma-separated."""
+def owner_memories(url: str) -> tuple[str, str]:
+    """Event ids of memories of the owner, comma-separated, and the token of the last one
+    (the hooks use them as path ids and ``after``)."""
     headers = {"X-API-Key": "key-owner"}
     with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
         texts = ("the spare key is under the blue pot", "Lena lives in Lisbon", "tea at five")
@@ -59,16 +60,20 @@ def owner_events(url: str) -> str:
             http.post("/v1/memories", json={"user_id": OWNER, "content": text}) for text in texts
         ]
     assert all(response.status_code == 201 for response in stored)
-    return ",".join(response.json()["event_id"] for response in stored)
+    token = stored[-1].json()["token"]
+    events = ",".join(response.json()["event_id"] for response in stored)
+    return events, f"{token['partition']}:{token['offset']}"
 
 
 def run_schemathesis(url: str, header: str, owner: str | None, *extra: str) -> None:
     st = Path(sys.executable).with_name("st")
+    events, token = owner_memories(url)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks",
-        "PRME_SCHEMATHESIS_EVENTS": owner_events(url),
+        "PRME_SCHEMATHESIS_EVENTS": events,
+        "PRME_SCHEMATHESIS_TOKEN": token,
     }
     env.pop("PRME_SCHEMATHESIS_OWNER", None)
     if owner is not None:
