@@ -25,7 +25,7 @@ from .embeddings.validation import identity_of
 from .embeddings.vector_cache import VectorCache, embed_with_cache
 from .model import ModelName
 from .registry import MODEL_NAMES, read_models
-from .shard import Shard, replace_model_directory, shard_directory
+from .shard import RETIRED_SUFFIX, Shard, replace_model_directory, shard_directory
 from .vector_changelog import RestoreStats, VectorChangelog
 
 GROUP = "prme-projectors"
@@ -44,7 +44,7 @@ MAX_BATCH_FACTOR = 16
 """A consumer that is behind polls up to this many times ``batch_size`` records: every
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
 STAGING_SUFFIX = ".rebuild"
-RETIRED_SUFFIX = ".retired"
+"""``shards/p<N>.rebuild/``: where a rebuild of partition N stages its models."""
 _log = logging.getLogger("prme.projector")
 
 

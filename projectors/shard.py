@@ -37,6 +37,9 @@ RECORD_FAULTS = (InvalidInput, InvalidEmbedding, RecordDecodeError)
 other error (a locked file, a full disk) stops the projector instead, so it resumes from
 the stored offsets rather than silently dropping records from one read model."""
 
+RETIRED_SUFFIX = ".retired"
+"""A live model folder moved aside while a rebuilt one is swapped in."""
+
 VectorEncoder = Callable[[list[str]], Any]
 """``async (texts) -> vectors``: the runner's cached embedding step."""
 
@@ -269,7 +272,7 @@ class Shard:
 
 def replace_model_directory(live: Path, staged: Path) -> None:
     """Swap ``staged`` in for ``live`` (rename is atomic on one file system)."""
-    retired = live.with_name(live.name + ".retired")  # runner.RETIRED_SUFFIX
+    retired = live.with_name(live.name + RETIRED_SUFFIX)
     if retired.exists():
         shutil.rmtree(retired)
     if live.exists():
