@@ -61,6 +61,10 @@ class LocalLogTransport:
         """How many appends this process made: a poller waits for it to move."""
         self.dedupe_hits = 0
         """Items this process appended whose dedupe key was already on the log."""
+        self.exact_end_offsets = True
+        """``end_offsets`` is exactly what has been written (Kafka's read_committed end can
+        stop before a committed record, at another writer's open transaction): a read's
+        ``after`` token past it was never handed out."""
 
     @property
     def partitions(self) -> int:

@@ -6,6 +6,7 @@ Validation happens before anything is appended: a bad record raises
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -77,6 +78,10 @@ class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str | None = None
 
 
+OWNER_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Refused in new owner ids: C0 and C1 controls (NUL, the unit separator, tabs, newlines)
+name no one a person would pick, and break logs, headers and key encodings."""
+
 ADDITION_MISMATCH = "each message must belong to the history it is added to"
 REPLACEMENT_MISMATCH = "replacement messages must share the history's owner/session/scope"
 
@@ -88,6 +93,64 @@ def check_history(
     for draft in drafts:
         if (draft.owner, draft.session_id, draft.scope) != (owner, session_id, scope):
             raise InvalidInput(mismatch)
+
+
+def check_owner(owner: str, field: str = "owner") -> None:
+    """InvalidInput if ``owner`` holds a control character (the record's own checks, length
+    and surrounding whitespace, run when it is built)."""
+    found = OWNER_CONTROL_CHARACTERS.search(owner)
+    if found is not None:
+        raise InvalidInput(
+            f"an owner id may not contain a control character (U+{ord(found.group()):04X} "
+            f"at index {found.start()}) - at $.{field}"
+        )
+
+
+def check_content(
+    content: Any, tool_calls: Sequence[Any] = (), at: str = " - at $.content"
+) -> None:
+    """InvalidInput if ``content`` is empty or whitespace only (a memory with no text is
+    never retrieved), unless the message carries ``tool_calls`` (an assistant turn that only
+    calls tools has empty content). ``at`` ends the message (msgspec adds its own path)."""
+    empty = not content or (isinstance(content, str) and not content.strip())
+    if empty and not tool_calls:
+        raise InvalidInput(
+            f"content must not be empty or whitespace only unless the message has tool_calls{at}"
+        )
+
+
+NUMBER_RANGE = (-(2**63), 2**64 - 1)
+"""What the log's msgpack can store of a number in free-form JSON (metadata, fields, tool
+calls, content blocks); floats are held to it too, so one rule (and one JSON Schema bound)
+covers every number."""
+
+
+def check_numbers(value: Any, path: str) -> None:
+    """InvalidInput naming the first number under ``value`` outside :data:`NUMBER_RANGE`."""
+    low, high = NUMBER_RANGE
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int | float):
+            if not low <= item <= high:
+                raise InvalidInput(
+                    f"number {item!r} is outside the storable range -2**63 to 2**64-1 - at {where}"
+                )
+        elif isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+
+
+def check_supersede(node_id: str, by_node_id: str) -> None:
+    """InvalidInput if a node would supersede itself (it would leave retrieval with nothing
+    in its place)."""
+    if node_id == by_node_id:
+        raise InvalidInput(
+            f"a node cannot supersede itself: by_node_id names node {node_id!r} - at $.by_node_id"
+        )
 
 
 def new_event_id() -> str:
@@ -129,8 +192,12 @@ class Producer:
 
     def build_message(self, draft: MessageDraft) -> Message:
         """The validated ``message`` record for ``draft`` (raises InvalidInput)."""
+        check_owner(draft.owner)
+        check_content(draft.content, draft.tool_calls)
         for name in ("metadata", "fields"):
             self._check_json(name, getattr(draft, name))
+        for name in ("content", "tool_calls", "metadata", "fields"):
+            check_numbers(getattr(draft, name), f"$.{name}")
         fields = msgspec.structs.asdict(draft)
         fields.update(kind="message", event_id=new_event_id(), recorded_at=_now())
         message = _convert(fields, Message)
@@ -142,6 +209,10 @@ class Producer:
         record_type = _CONTROL_TYPES.get(kind)
         if record_type is None:
             raise InvalidInput(f"unknown control kind {kind!r} (known: {sorted(_CONTROL_TYPES)})")
+        if kind != "owner_erased":  # an owner written before the check may still be erased
+            check_owner(owner)
+        if kind == "node_superseded":
+            check_supersede(fields.get("node_id", ""), fields.get("by_node_id", ""))
         fields.update(kind=kind, owner=owner, event_id=new_event_id(), recorded_at=_now())
         return _convert(fields, record_type)
 
@@ -149,6 +220,7 @@ class Producer:
         self, owner: str, session_id: str, scope: str, drafts: Sequence[MessageDraft]
     ) -> list[Record]:
         """A ``history_replaced`` marker followed by the new messages (append atomically)."""
+        check_owner(owner)
         marker = _convert(
             {
                 "kind": "history_replaced",
@@ -234,8 +306,22 @@ class Producer:
 def log_item(record: Record) -> LogItem:
     """What the log stores for ``record``: its owner as the key, its encoding, and the
     dedupe key of its ``request_id``."""
-    dedupe_key = f"{record.owner}\x1f{record.request_id}" if record.request_id else None
-    return LogItem(record.owner.encode(), encode_record(record), dedupe_key)
+    key = dedupe_key(record.owner, record.request_id) if record.request_id else None
+    return LogItem(record.owner.encode(), encode_record(record), key)
+
+
+def dedupe_key(owner: str, request_id: str) -> str:
+    """The idempotency key of ``request_id`` of ``owner``: distinct for distinct pairs.
+
+    An owner without a unit separator (every owner the producer accepts) keeps the form
+    the local log has always stored, ``owner␟request_id``: it splits at its first ``␟``, so
+    it is unambiguous. An owner with one (written before owner ids were checked) gets a
+    length-prefixed form that starts with ``␟``, which no key of the first form does (owner
+    ids are not empty): owner ``a␟x`` with request ``y`` and owner ``a`` with request
+    ``x␟y`` no longer share a key."""
+    if "\x1f" not in owner:
+        return f"{owner}\x1f{request_id}"
+    return f"\x1f{len(owner)}:{owner}{request_id}"
 
 
 def _convert(fields: dict[str, Any], record_type: type[Record]) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
 
 import msgspec
 
@@ -18,8 +18,8 @@ from prme.schemas.cluster import ClusterMap, MemberClaim
 class Position(msgspec.Struct, frozen=True, order=True):
     """Where a record landed: the consistency token ``(partition, offset)``."""
 
-    partition: int
-    offset: int
+    partition: Annotated[int, msgspec.Meta(ge=0)]
+    offset: Annotated[int, msgspec.Meta(ge=0)]
 
 
 class LogItem(msgspec.Struct, frozen=True):

@@ -28,7 +28,7 @@ from .embeddings.vector_cache import VectorCache, content_hash, embed_with_cache
 from .erasure import Forgetting
 from .model import ModelName
 from .registry import MODEL_NAMES, read_models
-from .shard import Shard, replace_model_directory, shard_directory
+from .shard import RETIRED_SUFFIX, Shard, replace_model_directory, shard_directory
 from .standby import StandbyKeeper
 from .vector_changelog import RestoreStats, VectorChangelog
 
@@ -49,6 +49,8 @@ STANDBY_ENCODE_AFTER_S = 10.0
 MAX_BATCH_FACTOR = 16
 """A consumer that is behind polls up to this many times ``batch_size`` records: every
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
+STAGING_SUFFIX = ".rebuild"
+"""``shards/p<N>.rebuild/``: where a rebuild of partition N stages its models."""
 _log = logging.getLogger("prme.projector")
 
 
@@ -140,6 +142,7 @@ class ProjectorRunner:
         """Join the consumer group and start applying in the background. ``join=False``
         opens only the key store (a serve-only node seals what it appends)."""
         self._data_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_staging(self._data_dir)
         if self._owns_keys:
             await self.keys.start()
         if not join:
@@ -657,7 +660,8 @@ class ProjectorRunner:
         target: int,
     ) -> int:
         await shard.ensure_open()
-        staging = shard.directory.with_name(shard.directory.name + ".rebuild")
+        staging = staging_directory(shard.directory)
+        shutil.rmtree(staging, ignore_errors=True)  # a rebuild starts from the log, always
         staged = Shard(
             staging,
             partition,
@@ -680,6 +684,7 @@ class ProjectorRunner:
         finally:
             if staged.models:
                 await staged.close()
+            shutil.rmtree(staging, ignore_errors=True)  # gone once swapped; else abandoned
         return replayed
 
     async def _replay(
@@ -735,6 +740,35 @@ def existing_shards(data_dir: Path) -> list[int]:
     if not root.is_dir():
         return []
     return sorted(int(d.name[1:]) for d in root.iterdir() if d.is_dir() and d.name[1:].isdigit())
+
+
+def staging_directory(shard_dir: Path) -> Path:
+    """Where a rebuild of the shard in ``shard_dir`` stages its models."""
+    return shard_dir.with_name(shard_dir.name + STAGING_SUFFIX)
+
+
+def remove_stale_staging(data_dir: Path) -> list[Path]:
+    """Clear what a rebuild killed mid-way leaves, before any shard opens (a pack is opened
+    by one process, so nothing else uses them): ``shards/p<N>.rebuild/`` folders are
+    removed, and a ``shards/p<N>/<model>.retired`` one (a swap killed between its two
+    renames) goes back in place if its model is missing, else is removed. Returns them."""
+    shards = data_dir / "shards"
+    if not shards.is_dir():
+        return []
+    staged = list(shards.glob("p*" + STAGING_SUFFIX))
+    retired = list(shards.glob("p*/*" + RETIRED_SUFFIX))
+    for path in [*staged, *retired]:
+        live = path.with_name(path.name.removesuffix(RETIRED_SUFFIX))
+        if path in retired and not live.exists():
+            _log.warning("restoring %s, moved aside by an interrupted rebuild", live)
+            path.rename(live)
+            continue
+        _log.info("removing %s, left by an interrupted rebuild", path)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return [*staged, *retired]
 
 
 def next_batch_size(size: int, polled: dict[int, list[Any]], base: int) -> int:

@@ -40,6 +40,9 @@ RECORD_FAULTS = (InvalidInput, InvalidEmbedding, RecordDecodeError)
 other error (a locked file, a full disk) stops the projector instead, so it resumes from
 the stored offsets rather than silently dropping records from one read model."""
 
+RETIRED_SUFFIX = ".retired"
+"""A live model folder moved aside while a rebuilt one is swapped in."""
+
 VectorEncoder = Callable[[list[str]], Any]
 """``async (texts) -> vectors``: the runner's cached embedding step."""
 
@@ -202,6 +205,19 @@ class Shard:
             except RecordDecodeError as error:
                 dead.append(DeadLetter(entry.partition, entry.offset, str(error), entry.value))
                 continue
+            if record.owner.encode("utf-8", "surrogatepass") != entry.key:
+                # Queries find an owner's records in the owner's partition: one filed under
+                # another key would be readable by event id but missing from everything else.
+                dead.append(
+                    DeadLetter(
+                        entry.partition,
+                        entry.offset,
+                        f"record {record.event_id} has owner {record.owner!r} but log key "
+                        f"{entry.key!r}: the key must be the owner id's UTF-8 bytes",
+                        entry.value,
+                    )
+                )
+                continue
             if isinstance(record, ErasedRecord):
                 continue
             node = derive_node(record) if isinstance(record, Message) else None
@@ -289,7 +305,7 @@ class Shard:
 
 def replace_model_directory(live: Path, staged: Path) -> None:
     """Swap ``staged`` in for ``live`` (rename is atomic on one file system)."""
-    retired = live.with_name(live.name + ".retired")
+    retired = live.with_name(live.name + RETIRED_SUFFIX)
     if retired.exists():
         shutil.rmtree(retired)
     if live.exists():

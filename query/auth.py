@@ -33,14 +33,22 @@ class Caller(msgspec.Struct, frozen=True):
         return self.owner == ADMIN
 
     def authorize(self, user_id: str) -> None:
-        """Forbidden unless this caller may act for ``user_id``."""
-        if not self.is_admin and not hmac.compare_digest(self.owner, user_id):
+        """Forbidden unless this caller may act for ``user_id``. Compared as UTF-8 bytes:
+        ``compare_digest`` refuses ``str`` with non-ASCII characters (a TypeError)."""
+        if not self.is_admin and not _same_owner(self.owner, user_id):
             raise Forbidden(f"this API key may not act for owner {user_id!r}")
         self.acted_for.append(user_id)
 
     def authorize_all(self, user_ids: Iterable[str]) -> None:
         for user_id in user_ids:
             self.authorize(user_id)
+
+
+def _same_owner(bound: str, user_id: str) -> bool:
+    # surrogatepass: a lone surrogate cannot reach here from JSON, but must not raise either.
+    return hmac.compare_digest(
+        bound.encode("utf-8", "surrogatepass"), user_id.encode("utf-8", "surrogatepass")
+    )
 
 
 class ApiKeys:
@@ -58,17 +66,24 @@ class ApiKeys:
         """The caller of ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``."""
         if self.open:
             return Caller(ADMIN)
-        key = api_key
-        if authorization:
-            scheme, _, credentials = authorization.partition(" ")
+        # Every credential presented must hold: a bad one is never skipped for the other.
+        keys: set[str] = set()
+        if authorization is not None:
+            scheme, _, credentials = authorization.strip().partition(" ")
             if scheme.lower() != "bearer" or not credentials.strip():
                 raise Unauthenticated("the Authorization header must be 'Bearer <API key>'")
-            key = credentials.strip()
-        if not key:
+            keys.add(credentials.strip())
+        if api_key is not None:
+            if not api_key.strip():
+                raise Unauthenticated("the X-API-Key header is empty")
+            keys.add(api_key.strip())
+        if not keys:
             raise Unauthenticated(
                 "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key'"
             )
-        presented = key.encode()
+        if len(keys) > 1:
+            raise Unauthenticated("Authorization and X-API-Key name different keys")
+        presented = keys.pop().encode()
         owner: str | None = None
         # Compare against every key so the time taken does not tell which one matched.
         for known, bound in self._keys:

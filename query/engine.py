@@ -18,6 +18,7 @@ from prme.producers.producer import (
     MessageDraft,
     Producer,
     check_history,
+    check_supersede,
 )
 from prme.producers.transport import LogTransport, Position
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
@@ -44,7 +45,7 @@ from prme.schemas.tracing import Tracing
 from .backend import MemoryBackend
 from .cluster import ClusterRouter
 from .data_lock import DataDirLock
-from .http_types import RetrieveRequest, StoreRequest
+from .http_types import MAX_TOP_K, RetrieveRequest, StoreRequest
 from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
 from .retrieve import Retriever
 from .tokens import TokenCounter
@@ -328,6 +329,7 @@ class MemoryEngine(MemoryBackend):
     ) -> StoreResult:
         await self._check_node(node_id, user_id)
         await self._check_node(by_node_id, user_id)
+        check_supersede(node_id, by_node_id)
         receipt = await self._producer.append_control(
             "node_superseded", user_id, node_id=node_id, by_node_id=by_node_id
         )
@@ -362,14 +364,49 @@ class MemoryEngine(MemoryBackend):
             else:
                 await self.runner.wait_applied(partition, offset, timeout)
 
+    async def wait_after(self, user_id: str, token: Position) -> None:
+        """Wait for a read's ``after`` token: InvalidInput at once unless it can be a token of
+        a write of ``user_id`` (a partition of the log, the owner's own, an offset the log
+        has handed out), since such a token would only wait out the timeout."""
+        partitions = self._transport.partitions
+        own = self._transport.partition_for(user_id.encode("utf-8", "surrogatepass"))
+        if not 0 <= token.partition < partitions:
+            raise InvalidInput(
+                f"after names partition {token.partition}, but the log has partitions 0 to "
+                f"{partitions - 1} - at `after`"
+            )
+        if token.partition != own:
+            raise InvalidInput(
+                f"after names partition {token.partition}, but owner {user_id!r} lives in "
+                f"partition {own}: pass a token of one of the owner's writes - at `after`"
+            )
+        if token.offset < 0:
+            raise InvalidInput(f"after has a negative offset {token.offset} - at `after`")
+        if self.runner.applied_offset(token.partition) < token.offset and getattr(
+            self._transport, "exact_end_offsets", False
+        ):
+            end = (await self._transport.end_offsets()).get(token.partition, 0)
+            if token.offset >= end:
+                raise InvalidInput(
+                    f"after names offset {token.offset} of partition {token.partition}, which "
+                    f"ends at offset {end}: no write has been given that token - at `after`"
+                )
+        await self.wait_for([token])
+
     async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
         """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""
         if not request.query or not request.query.strip():
             raise InvalidInput("query must not be empty")
-        if request.top_k <= 0 or request.token_budget <= 0:
-            raise InvalidInput("top_k and token_budget must be positive")
+        if not 1 <= request.top_k <= MAX_TOP_K:
+            raise InvalidInput(
+                f"top_k must be between 1 and {MAX_TOP_K}, got {request.top_k} - at $.top_k"
+            )
+        if request.token_budget <= 0:
+            raise InvalidInput(
+                f"token_budget must be at least 1, got {request.token_budget} - at $.token_budget"
+            )
         if request.after is not None:
-            await self.wait_for([request.after])
+            await self.wait_after(request.user_id, request.after)
         return await self._retriever.retrieve(
             request.query,
             request.user_id,
@@ -390,9 +427,14 @@ class MemoryEngine(MemoryBackend):
         limit: int | None = None,
         after: Position | None = None,
     ) -> list[Message]:
-        """The chat history of (owner, session, scope) with clear, replace and delete applied."""
+        """The chat history of (owner, session, scope) with clear, replace and delete applied
+        (``limit``: the newest N messages)."""
+        if limit is not None:
+            if limit < 1:
+                raise InvalidInput(f"limit must be at least 1, got {limit} - at `limit`")
+            limit = min(limit, 2**62)  # more than any history holds, and SQLite can take it
         if after is not None:
-            await self.wait_for([after])
+            await self.wait_after(user_id, after)
         shard = await self.runner.shard_for(user_id)
         return await shard.call(
             "history", lambda history: history.messages(user_id, session_id, scope, limit=limit)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
-from prme.producers.producer import MessageDraft, check_history
+from prme.producers.producer import MessageDraft, check_content, check_history
 from prme.producers.transport import Position
 from prme.schemas.cluster import ClusterMember
 from prme.schemas.errors import InvalidInput
@@ -20,15 +20,41 @@ from prme.schemas.records import Role
 from .fusion import FusionName
 from .types import Bundle, MemoryResult, Receipt
 
+USER_ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"
+"""An owner id: no control characters (the producer refuses them), no whitespace at
+either end (the record's own rule)."""
+TEXT_PATTERN = r"\S"
+"""Text that is not empty or whitespace only (a search: somewhere a non-space)."""
+TOKEN_PATTERN = r"^[0-9]+:[0-9]+$"
+"""A consistency token as a query parameter, ``partition:offset``."""
 
-class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base of every request body."""
+UserIdField = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=256,
+        pattern=USER_ID_PATTERN,
+        description="the owner: 1-256 characters, no control characters, no surrounding space",
+    ),
+]
+IdField = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+QueryText = Annotated[str, msgspec.Meta(min_length=1, pattern=TEXT_PATTERN)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+MAX_TOP_K = 1000
+"""The most results one retrieve returns (each channel gathers at least this many
+candidates, so the bound keeps one request from allocating without limit)."""
+TopK = Annotated[int, msgspec.Meta(ge=1, le=MAX_TOP_K)]
 
 
-class HistoryMessageIn(_Body, frozen=True, kw_only=True):
+class Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every request body (unknown fields refused)."""
+
+
+class HistoryMessageIn(Body, frozen=True, kw_only=True):
     """A message of a chat history (owner, session and scope come from the request)."""
 
     content: str | list[dict[str, Any]]
+    """Text or content blocks; not empty or whitespace only unless ``tool_calls`` is given."""
     role: Role = "user"
     name: str | None = None
     tool_call_id: str | None = None
@@ -37,7 +63,11 @@ class HistoryMessageIn(_Body, frozen=True, kw_only=True):
     fields: dict[str, Any] = {}
     metadata: dict[str, Any] = {}
     occurred_at: datetime | None = None
-    request_id: str | None = None
+    request_id: IdField | None = None
+
+    def __post_init__(self) -> None:
+        # Decoding a body names the message's path; the producer applies the same rule.
+        check_content(self.content, self.tool_calls, at="")
 
     @classmethod
     def of(cls, draft: MessageDraft) -> HistoryMessageIn:
@@ -47,9 +77,9 @@ class HistoryMessageIn(_Body, frozen=True, kw_only=True):
 class MemoryIn(HistoryMessageIn, frozen=True, kw_only=True):
     """One memory to store: a message with its owner, session and scope."""
 
-    user_id: str
-    session_id: str = "default"
-    scope: str = "default"
+    user_id: UserIdField
+    session_id: IdField = "default"
+    scope: IdField = "default"
 
     @classmethod
     def of_draft(cls, draft: MessageDraft) -> MemoryIn:
@@ -70,18 +100,18 @@ class StoreRequest(MemoryIn, frozen=True, kw_only=True):
     """Return once the memory is retrievable (read-your-writes)."""
 
 
-class StoreManyRequest(_Body, frozen=True, kw_only=True):
+class StoreManyRequest(Body, frozen=True, kw_only=True):
     messages: list[MemoryIn]
     wait: bool = True
 
 
-class HistoryWriteRequest(_Body, frozen=True, kw_only=True):
+class HistoryWriteRequest(Body, frozen=True, kw_only=True):
     """Add messages to, or replace, the chat history of (user_id, session_id, scope)."""
 
-    user_id: str
-    session_id: str
+    user_id: UserIdField
+    session_id: IdField
     messages: list[HistoryMessageIn]
-    scope: str = "default"
+    scope: IdField = "default"
     wait: bool = True
 
     @classmethod
@@ -115,19 +145,19 @@ class HistoryWriteRequest(_Body, frozen=True, kw_only=True):
         ]
 
 
-class ClearHistoryRequest(_Body, frozen=True, kw_only=True):
-    user_id: str
-    session_id: str
-    scope: str = "default"
+class ClearHistoryRequest(Body, frozen=True, kw_only=True):
+    user_id: UserIdField
+    session_id: IdField
+    scope: IdField = "default"
     wait: bool = True
 
 
-class RetrieveRequest(_Body, frozen=True, kw_only=True):
-    query: str
-    user_id: str
-    scope: str | None = None
-    top_k: int = 10
-    token_budget: int = 4096
+class RetrieveRequest(Body, frozen=True, kw_only=True):
+    query: QueryText
+    user_id: UserIdField
+    scope: IdField | None = None
+    top_k: TopK = 10
+    token_budget: Positive = 4096
     min_score: float | None = None
     after: Position | None = None
     """A consistency token from a write: wait until it is applied before reading."""
@@ -135,20 +165,20 @@ class RetrieveRequest(_Body, frozen=True, kw_only=True):
     fusion: FusionName | None = None
 
 
-class ArchiveRequest(_Body, frozen=True, kw_only=True):
-    user_id: str
+class ArchiveRequest(Body, frozen=True, kw_only=True):
+    user_id: UserIdField
     reason: str | None = None
     wait: bool = True
 
 
-class RestoreRequest(_Body, frozen=True, kw_only=True):
-    user_id: str
+class RestoreRequest(Body, frozen=True, kw_only=True):
+    user_id: UserIdField
     wait: bool = True
 
 
-class SupersedeRequest(_Body, frozen=True, kw_only=True):
-    user_id: str
-    by_node_id: str
+class SupersedeRequest(Body, frozen=True, kw_only=True):
+    user_id: UserIdField
+    by_node_id: IdField
     wait: bool = True
 
 

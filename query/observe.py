@@ -95,7 +95,12 @@ def _log_request(scope: Scope, route: str, method: str, status: int, elapsed: fl
     )
 
 
-@get("/metrics", summary="Prometheus metrics (text format)", tags=["service"])
+@get(
+    "/metrics",
+    summary="Prometheus metrics (text format)",
+    tags=["service"],
+    media_type=CONTENT_TYPE,  # the OpenAPI document states the text format, not JSON
+)
 async def metrics_endpoint(engine: NamedDependency[MemoryEngine]) -> Response[bytes]:
     """Every series of this process; the lag gauges are computed now."""
     metrics = engine.metrics

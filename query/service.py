@@ -8,19 +8,22 @@ msgspec types, is served at ``/schema/openapi.json``. Request bodies are decoded
 from __future__ import annotations
 
 import logging
+import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 from litestar import Litestar, Request, Response, Router, delete, get, post
+from litestar._openapi.schema_generation import SchemaCreator
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.dto import MsgspecDTO
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
-from litestar.openapi import OpenAPIConfig
-from litestar.openapi.spec import Components, SecurityScheme
+from litestar.openapi import OpenAPIConfig, ResponseSpec
+from litestar.openapi.spec import Components, Reference, Schema, SecurityScheme
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.typing import FieldDefinition
 
 from prme.projectors.status import partition_statuses
 from prme.schemas.config import Settings
@@ -39,6 +42,8 @@ from .forwarding import ForwardingMiddleware
 from .http_errors import HTTP_KINDS, status_of
 from .http_types import (
     NOT_OWNER_HEADER,
+    TOKEN_PATTERN,
+    USER_ID_PATTERN,
     ArchiveRequest,
     ClearHistoryRequest,
     ClusterView,
@@ -57,6 +62,7 @@ from .http_types import (
     parse_token,
 )
 from .observe import CALLER_STATE, RequestObserver, metrics_endpoint, status_endpoint
+from .openapi import PROTECTED_ERRORS, StrictBodySchemaPlugin
 from .types import EventView, StoreResult
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -68,8 +74,53 @@ class StrictBody(MsgspecDTO[T], Generic[T]):
     ``"10"`` to ``10``); errors name the field, e.g. ``Expected `int`, got `str` - at
     `$.top_k```."""
 
+    @classmethod
+    def create_openapi_schema(
+        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: SchemaCreator
+    ) -> Schema | Reference:
+        """The body's schema from the Struct it is decoded into (the DTO's generated
+        transfer type would lose the field constraints)."""
+        return schema_creator.for_field_definition(FieldDefinition.from_annotation(cls.model_type))
+
     def decode_bytes(self, value: bytes) -> Any:
-        return msgspec.json.decode(value, type=self.model_type)
+        if not value.strip():
+            raise InvalidInput(_MISSING_BODY)
+        try:
+            return msgspec.json.decode(value, type=self.model_type)
+        except msgspec.DecodeError as error:
+            lone = _lone_surrogate(value)
+            if lone is None or isinstance(error, msgspec.ValidationError):
+                raise
+            escape, at = lone
+            raise msgspec.DecodeError(
+                f"invalid unicode escape {escape} at byte {at}: a lone surrogate is not a "
+                "character (escape a surrogate pair, or send the text as UTF-8)"
+            ) from error
+
+
+_MISSING_BODY = "a JSON request body is required"
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def _lone_surrogate(body: bytes) -> tuple[str, int] | None:
+    """The first ``\\uD800``-``\\uDFFF`` escape of ``body`` that is not half of a pair, and
+    where it is: msgspec reports one as "Input data was truncated", which sends people
+    looking for a cut-off body."""
+    pending: re.Match[bytes] | None = None  # a high surrogate waiting for its low half
+    for match in _ESCAPE.finditer(body):
+        code = int(match.group(1), 16) if match.group(1) else None
+        if pending is not None:
+            if code is not None and 0xDC00 <= code <= 0xDFFF and match.start() == pending.end():
+                pending = None
+                continue
+            break
+        if code is not None and 0xD800 <= code <= 0xDBFF:
+            pending = match
+        elif code is not None and 0xDC00 <= code <= 0xDFFF:
+            return match.group().decode(), match.start()
+    if pending is not None:
+        return pending.group().decode(), pending.start()
+    return None
 
 
 # -- dependencies ---------------------------------------------------------------------
@@ -91,7 +142,16 @@ async def provide_caller(
 
 EngineDep = NamedDependency[MemoryEngine]
 CallerDep = NamedDependency[Caller]
-UserId = Annotated[str, QueryParameter(description="the owner acted on", min_length=1)]
+UserId = Annotated[
+    str,
+    QueryParameter(
+        description="the owner acted on (1-256 characters, no control characters, no "
+        "surrounding space)",
+        min_length=1,
+        max_length=256,
+        pattern=USER_ID_PATTERN,
+    ),
+]
 Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]
 
 
@@ -103,7 +163,12 @@ async def health() -> Health:
     return Health(status="ok")
 
 
-@get("/ready", summary="Readiness: projecting, and caught up", tags=["service"])
+@get(
+    "/ready",
+    summary="Readiness: projecting, and caught up",
+    tags=["service"],
+    responses={503: ResponseSpec(Readiness, description="not ready: see detail")},
+)
 async def ready(engine: EngineDep) -> Response[Readiness]:
     runner = engine.runner
     shards = dict(runner.shards)
@@ -131,7 +196,13 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
 # -- writes ---------------------------------------------------------------------------
 
 
-@post("/memories", dto=StrictBody[StoreRequest], return_dto=None, summary="Store one memory")
+@post(
+    "/memories",
+    dto=StrictBody[StoreRequest],
+    return_dto=None,
+    summary="Store one memory",
+    responses=PROTECTED_ERRORS,
+)
 async def store(data: JSONBody[StoreRequest], engine: EngineDep, caller: CallerDep) -> StoreResult:
     caller.authorize(data.user_id)
     return (await engine.store_many([data.draft()], wait=data.wait))[0]
@@ -142,6 +213,7 @@ async def store(data: JSONBody[StoreRequest], engine: EngineDep, caller: CallerD
     dto=StrictBody[StoreManyRequest],
     return_dto=None,
     summary="Store several memories atomically (all or none)",
+    responses=PROTECTED_ERRORS,
 )
 async def store_many(
     data: JSONBody[StoreManyRequest], engine: EngineDep, caller: CallerDep
@@ -155,6 +227,7 @@ async def store_many(
     dto=StrictBody[HistoryWriteRequest],
     return_dto=None,
     summary="Append messages to a chat history",
+    responses=PROTECTED_ERRORS,
 )
 async def add_messages(
     data: JSONBody[HistoryWriteRequest], engine: EngineDep, caller: CallerDep
@@ -170,6 +243,7 @@ async def add_messages(
     dto=StrictBody[HistoryWriteRequest],
     return_dto=None,
     summary="Replace a chat history atomically (a clear marker plus the new messages)",
+    responses=PROTECTED_ERRORS,
 )
 async def replace_history(
     data: JSONBody[HistoryWriteRequest], engine: EngineDep, caller: CallerDep
@@ -186,6 +260,7 @@ async def replace_history(
     return_dto=None,
     status_code=200,
     summary="Clear a chat history",
+    responses=PROTECTED_ERRORS,
 )
 async def clear_history(
     data: JSONBody[ClearHistoryRequest], engine: EngineDep, caller: CallerDep
@@ -200,6 +275,7 @@ async def clear_history(
     "/history/messages/{event_id:str}",
     status_code=200,
     summary="Remove one message from its chat history",
+    responses=PROTECTED_ERRORS,
 )
 async def delete_message(
     event_id: FromPath[str],
@@ -218,6 +294,7 @@ async def delete_message(
     return_dto=None,
     status_code=200,
     summary="Archive a memory node (it leaves normal retrieval)",
+    responses=PROTECTED_ERRORS,
 )
 async def archive(
     node_id: FromPath[str], data: JSONBody[ArchiveRequest], engine: EngineDep, caller: CallerDep
@@ -232,6 +309,7 @@ async def archive(
     return_dto=None,
     status_code=200,
     summary="Bring an archived or superseded node back",
+    responses=PROTECTED_ERRORS,
 )
 async def restore(
     node_id: FromPath[str], data: JSONBody[RestoreRequest], engine: EngineDep, caller: CallerDep
@@ -246,6 +324,7 @@ async def restore(
     return_dto=None,
     status_code=200,
     summary="Replace a node by another (it leaves retrieval)",
+    responses=PROTECTED_ERRORS,
 )
 async def supersede(
     node_id: FromPath[str], data: JSONBody[SupersedeRequest], engine: EngineDep, caller: CallerDep
@@ -254,7 +333,12 @@ async def supersede(
     return await engine.supersede(node_id, data.by_node_id, data.user_id, wait=data.wait)
 
 
-@delete("/owners", status_code=200, summary="Erase every trace of an owner (admin or the owner)")
+@delete(
+    "/owners",
+    status_code=200,
+    summary="Erase every trace of an owner (admin or the owner)",
+    responses=PROTECTED_ERRORS,
+)
 async def erase_owner(
     user_id: UserId, engine: EngineDep, caller: CallerDep, wait: Wait = True
 ) -> StoreResult:
@@ -272,6 +356,7 @@ async def erase_owner(
     return_dto=None,
     status_code=200,
     summary="Retrieve memories: results, a token-budgeted bundle and a receipt",
+    responses=PROTECTED_ERRORS,
 )
 async def retrieve(
     data: JSONBody[RetrieveRequest], engine: EngineDep, caller: CallerDep
@@ -287,7 +372,11 @@ async def retrieve(
     return RetrieveReply(results=response.results, bundle=bundle, receipt=response.receipt)
 
 
-@get("/history", summary="Read a chat history (clear, replace and delete applied)")
+@get(
+    "/history",
+    summary="Read a chat history (clear, replace and delete applied)",
+    responses=PROTECTED_ERRORS,
+)
 async def history(
     user_id: UserId,
     engine: EngineDep,
@@ -296,19 +385,25 @@ async def history(
     scope_: Annotated[
         str, QueryParameter(name="scope", description="the memory scope")
     ] = "default",
-    limit: Annotated[int | None, QueryParameter(description="the newest N messages")] = None,
+    limit: Annotated[
+        int | None, QueryParameter(description="the newest N messages (at least 1)", ge=1)
+    ] = None,
     after: Annotated[
-        str | None, QueryParameter(description="consistency token 'partition:offset'")
+        str | None,
+        QueryParameter(
+            description="consistency token 'partition:offset' of one of the owner's writes",
+            pattern=TOKEN_PATTERN,
+        ),
     ] = None,
 ) -> list[Message]:
     caller.authorize(user_id)
-    if limit is not None and limit < 1:
-        raise InvalidInput(f"limit must be at least 1, got {limit} - at query parameter `limit`")
     token = parse_token(after) if after is not None else None
     return await engine.history(user_id, session_id, scope=scope_, limit=limit, after=token)
 
 
-@get("/events/{event_id:str}", summary="The original record of an event")
+@get(
+    "/events/{event_id:str}", summary="The original record of an event", responses=PROTECTED_ERRORS
+)
 async def get_event(
     event_id: FromPath[str], user_id: UserId, engine: EngineDep, caller: CallerDep
 ) -> EventView:
@@ -316,7 +411,11 @@ async def get_event(
     return await engine.get_event(event_id, user_id)
 
 
-@get("/events/{event_id:str}/nodes", summary="The ids of the nodes derived from an event")
+@get(
+    "/events/{event_id:str}/nodes",
+    summary="The ids of the nodes derived from an event",
+    responses=PROTECTED_ERRORS,
+)
 async def get_event_nodes(
     event_id: FromPath[str], user_id: UserId, engine: EngineDep, caller: CallerDep
 ) -> list[str]:
@@ -409,7 +508,9 @@ def on_http_error(request: Request[Any, Any, Any], error: Exception) -> Response
     detail = str(error.detail)
     if isinstance(error, ValidationException) and isinstance(error.extra, list):
         reasons = [
-            f"{item.get('message')} - at {_source(item)} `{item.get('key')}`"
+            _MISSING_BODY
+            if item.get("key") == "data" and _source(item) == "body parameter"
+            else f"{item.get('message')} - at {_source(item)} `{item.get('key')}`"
             for item in error.extra
             if isinstance(item, dict)
         ]
@@ -419,7 +520,8 @@ def on_http_error(request: Request[Any, Any, Any], error: Exception) -> Response
         detail = f"request body is over the limit of {limit} bytes (limits.max_body_bytes)"
     if status >= 500:
         log.error("request failed: %s", error)
-    return _error(status, HTTP_KINDS.get(status, "internal" if status >= 500 else "error"), detail)
+    kind = HTTP_KINDS.get(status, "internal" if status >= 500 else "error")
+    return _error(status, kind, detail, dict(error.headers or {}))  # 405 keeps its Allow
 
 
 def _source(item: dict[str, Any]) -> str:
@@ -492,6 +594,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
             HTTPException: on_http_error,
             Exception: on_unexpected,
         },
+        plugins=[StrictBodySchemaPlugin()],
         request_max_body_size=settings.limits.max_body_bytes,
         state=State({"max_body_bytes": settings.limits.max_body_bytes}),
         openapi_config=OpenAPIConfig(
@@ -504,7 +607,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
                     "apiKey": SecurityScheme(
                         type="apiKey", name="X-API-Key", security_scheme_in="header"
                     ),
-                }
+                },
             ),
         ),
     )

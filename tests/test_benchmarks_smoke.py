@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import ingest_throughput, projection, rebuild, restore, retrieve_latency
+from benchmarks import ingest_throughput, projection, rebuild, restore, retrieve_latency, soak
 from prme.projectors.registry import MODEL_NAMES
 
 
@@ -148,3 +148,21 @@ def test_rebuild_benchmark_times_rebuild_and_engine_floors(tmp_path: Path) -> No
     assert report["rebuild_to_summed_floors"] == pytest.approx(
         figures["seconds"] / floors["sum"], rel=0.01
     )
+
+
+def test_soak_benchmark_reports_errors_rss_and_latency_per_operation(tmp_path: Path) -> None:
+    report = run(
+        soak.main,
+        tmp_path,
+        *("--seconds", "4", "--warmup", "1", "--clients", "4", "--owners", "4"),
+        *("--rss-every", "1"),
+    )
+    assert report["errors"] == 0 and report["lost_writes"] == 0
+    assert report["acknowledged_writes"] == report["operations"]["store"]["count"] > 0
+    for operation in ("store", "retrieve"):
+        latency = report["operations"][operation]["latency"]
+        assert 0 < latency["p50_ms"] <= latency["p95_ms"] <= latency["max_ms"]
+    rss = report["rss_mib"]
+    assert 0 < rss["start"] <= rss["max"] and rss["end"] <= rss["max"]
+    assert rss["growth"] == pytest.approx(rss["end"] - rss["start"], abs=0.2)
+    assert report["setup"]["clients"] == 4 and report["requests"] > 0

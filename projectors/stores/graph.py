@@ -527,12 +527,15 @@ def _set_state(cursor: sqlite3.Cursor, owner: str, node_id: str, state: NodeStat
 
 
 def _supersede(cursor: sqlite3.Cursor, record: NodeSuperseded) -> None:
+    """The node leaves retrieval, as the vector and lexical models mark it, whatever
+    ``by_node_id`` names (the producer refuses a node superseding itself, but the log may
+    hold one); the ``supersedes`` edge only joins two distinct nodes of the owner."""
+    _set_state(cursor, record.owner, record.node_id, "superseded")
     found = cursor.execute(
         "SELECT COUNT(*) FROM nodes WHERE owner = ? AND kind = 'memory' AND node_id IN (?, ?)",
         (record.owner, record.node_id, record.by_node_id),
     ).fetchone()[0]
     if found == 2 and record.node_id != record.by_node_id:
-        _set_state(cursor, record.owner, record.node_id, "superseded")
         _add_edge(cursor, record.by_node_id, record.node_id, "supersedes", record.owner)
 
 

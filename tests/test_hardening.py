@@ -1,0 +1,438 @@
+"""The faults of issue 13 (found by fuzzing and adversarial probes), one test each: every
+one of them failed before its fix."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prme.producers.factory import open_dead_letters, open_transport
+from prme.producers.producer import MessageDraft, Producer, log_item
+from prme.producers.transport import LogItem, Position
+from prme.projectors.dead_letters import read_dead_letters
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.projectors.runner import remove_stale_staging
+from prme.projectors.stores.graph import GraphModel
+from prme.query.engine import MemoryEngine
+from prme.query.http_types import RetrieveRequest
+from prme.query.service import create_app
+from prme.schemas.codec import encode_record
+from prme.schemas.config import ServiceSettings, Settings
+from prme.schemas.errors import InvalidInput, NotFound
+
+from .record_builders import msg, projected, superseded
+
+KEYS = {"key-jose": "josé", "key-alice": "alice", "key-admin": "*"}
+JOSE = {"Authorization": "Bearer key-jose"}
+ALICE = {"Authorization": "Bearer key-alice"}
+ADMIN = {"X-API-Key": "key-admin"}
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[MemoryEngine]:
+    settings = Settings(service=ServiceSettings(api_keys=KEYS)).replace(log={"partitions": 4})
+    engine = await MemoryEngine.create(
+        tmp_path / "pack", settings=settings, embedding_provider=HashedBagOfWordsProvider()
+    )
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+async def http(engine: MemoryEngine) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=create_app(engine))
+    async with httpx.AsyncClient(transport=transport, base_url="http://prme") as client:
+        yield client
+
+
+async def log_size(engine: MemoryEngine) -> int:
+    return sum((await engine.runner.transport.end_offsets()).values())
+
+
+# -- 1: non-ASCII owners with an owner-bound key ----------------------------------------
+
+
+async def test_a_key_bound_to_a_non_ascii_owner_acts_for_it_and_only_for_it(
+    http: httpx.AsyncClient,
+) -> None:
+    stored = await http.post(
+        "/v1/memories", json={"user_id": "josé", "content": "olá"}, headers=JOSE
+    )
+    assert stored.status_code == 201, stored.text
+    history = await http.get("/v1/history", params={"user_id": "josé"}, headers=JOSE)
+    assert [m["content"] for m in history.json()] == ["olá"]
+    for owner in ("zoë", "alice"):
+        other = await http.get("/v1/history", params={"user_id": owner}, headers=JOSE)
+        assert other.status_code == 403, other.text
+    assert (
+        await http.get("/v1/history", params={"user_id": "josé"}, headers=ALICE)
+    ).status_code == 403
+
+
+# -- 2: request_id dedupe keys never collide across owners ------------------------------
+
+
+def test_dedupe_keys_of_different_owners_never_collide() -> None:
+    first = msg("e1", "first", owner="alice\x1fx")
+    second = msg("e2", "second", owner="alice")
+    pairs = [(first, "y"), (second, "x\x1fy")]
+    keys = [log_item(type(r)(**{**_fields(r), "request_id": rid})).dedupe_key for r, rid in pairs]
+    assert keys[0] != keys[1]
+    # Owners without a unit separator keep the key the log already stores (no migration).
+    plain = msg("e3", "third", owner="bob")
+    assert log_item(type(plain)(**{**_fields(plain), "request_id": "r1"})).dedupe_key == "bob\x1fr1"
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    import msgspec
+
+    return msgspec.structs.asdict(record)
+
+
+@pytest.mark.parametrize("owner", ["alice\x1fx", "a\x00b", "tab\there", "bell\x07"])
+async def test_an_owner_id_with_control_characters_is_refused_and_nothing_is_written(
+    local_settings: Settings, owner: str
+) -> None:
+    transport = open_transport(local_settings)
+    await transport.start()
+    try:
+        producer = Producer(transport)
+        with pytest.raises(InvalidInput, match="control character"):
+            await producer.append_message(MessageDraft(owner=owner, content="x", request_id="y"))
+        with pytest.raises(InvalidInput, match="control character"):
+            await producer.append_control("history_cleared", owner)
+        assert sum((await transport.end_offsets()).values()) == 0
+    finally:
+        await transport.close()
+
+
+async def check_request_ids_of_two_owners_both_write(settings: Settings) -> None:
+    transport = open_transport(settings)
+    await transport.start()
+    try:
+        producer = Producer(transport)
+        # Records as an older writer could have put them on the log (built, not validated).
+        legacy = [
+            type(r)(**{**_fields(r), "request_id": rid})
+            for r, rid in (
+                (msg("e1", "one", owner="alice\x1fx"), "y"),
+                (msg("e2", "two"), "x\x1fy"),
+            )
+        ]
+        receipts = await producer.append_records(legacy, atomic=False)
+        assert receipts[0].position != receipts[1].position
+        assert sum((await transport.end_offsets()).values()) == 2
+        again = await producer.append_records(legacy, atomic=False)  # a retry writes nothing
+        assert [r.position for r in again] == [r.position for r in receipts]
+        assert sum((await transport.end_offsets()).values()) == 2
+    finally:
+        await transport.close()
+
+
+async def test_the_same_request_id_of_two_owners_writes_both(local_settings: Settings) -> None:
+    await check_request_ids_of_two_owners_both_write(local_settings)
+
+
+@pytest.mark.kafka
+async def test_the_same_request_id_of_two_owners_writes_both_on_kafka(
+    kafka_settings: Settings,
+) -> None:
+    await check_request_ids_of_two_owners_both_write(kafka_settings)
+
+
+# -- 3: a node cannot supersede itself ---------------------------------------------------
+
+
+async def test_a_node_superseding_itself_is_refused_and_nothing_is_written(
+    engine: MemoryEngine, http: httpx.AsyncClient
+) -> None:
+    stored = await engine.store("Miso is a cat", "alice")
+    node = stored.node_ids[0]
+    before = await log_size(engine)
+    with pytest.raises(InvalidInput, match="itself"):
+        await engine.supersede(node, node, "alice")
+    response = await http.post(
+        f"/v1/nodes/{node}/supersede", json={"user_id": "alice", "by_node_id": node}, headers=ALICE
+    )
+    assert response.status_code == 400, response.text
+    assert "by_node_id" in response.json()["detail"]
+    assert await log_size(engine) == before
+    assert (await engine.retrieve("Miso cat", "alice")).results[0].node_id == node
+
+
+def test_the_graph_marks_a_self_superseded_node_as_vector_and_lexical_do(tmp_path: Path) -> None:
+    graph = GraphModel(tmp_path / "graph")
+    try:
+        graph.apply(projected([msg("e1", "Caroline went to Rome")]))
+        graph.apply(projected([superseded("x1", "mem:e1", "mem:e1")], start=1))
+        assert graph.node_state("alice", "mem:e1") == "superseded"
+        assert all(edge.kind != "supersedes" for edge in graph.edges_of("alice", "mem:e1"))
+    finally:
+        graph.close()
+
+
+# -- 4: a record whose owner is not its log key is dead-lettered -------------------------
+
+
+async def test_a_record_whose_owner_differs_from_its_log_key_is_dead_lettered(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    transport = open_transport(local_settings)
+    await transport.start()
+    forged = msg("0190a000-0000-7000-8000-000000000001", "bob's forged memory", owner="bob")
+    await transport.append(LogItem(b"alice", encode_record(forged)))
+    await transport.close()
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=hashed_provider
+    ) as engine:
+        await engine.store("after the forged record", "alice")
+        assert engine.runner.dead_letter_count == 1
+        for owner in ("alice", "bob"):
+            with pytest.raises(NotFound):
+                await engine.get_event(forged.event_id, owner)
+            assert "forged" not in str(await engine.history(owner, "s1"))
+    letters_log = open_dead_letters(local_settings)
+    await letters_log.start()
+    try:
+        letters = await read_dead_letters(letters_log)
+    finally:
+        await letters_log.close()
+    assert len(letters) == 1 and "key" in letters[0].error and "owner" in letters[0].error
+
+
+# -- 5: `after` must name the owner's partition and an offset the log has ----------------
+
+
+async def test_after_naming_a_partition_that_does_not_exist_is_refused_at_once(
+    engine: MemoryEngine, http: httpx.AsyncClient
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(InvalidInput, match="after"):
+        await engine.retrieve_request(
+            RetrieveRequest(query="x", user_id="alice", after=Position(99, 0))
+        )
+    with pytest.raises(InvalidInput, match="after"):
+        await engine.history("alice", after=Position(99, 0))
+    body = {"user_id": "alice", "query": "x", "after": {"partition": 99, "offset": 0}}
+    retrieved = await http.post("/v1/retrieve", json=body, headers=ALICE)
+    assert retrieved.status_code == 400 and "after" in retrieved.json()["detail"]
+    history = await http.get(
+        "/v1/history", params={"user_id": "alice", "after": "99:0"}, headers=ALICE
+    )
+    assert history.status_code == 400 and "after" in history.json()["detail"]
+    assert time.monotonic() - started < 2
+
+
+async def test_after_naming_another_owners_partition_or_a_future_offset_is_refused(
+    engine: MemoryEngine,
+) -> None:
+    mine = (await engine.store("alice's memory", "alice")).token
+    other = next(p for p in range(engine.runner.transport.partitions) if p != mine.partition)
+    started = time.monotonic()
+    for token in (Position(other, 0), Position(mine.partition, mine.offset + 1000)):
+        with pytest.raises(InvalidInput, match="after"):
+            await engine.history("alice", after=token)
+    assert time.monotonic() - started < 2
+    assert [m.content for m in await engine.history("alice", after=mine)] == ["alice's memory"]
+
+
+# -- 8: a killed rebuild's staging folder is cleaned up -----------------------------------
+
+
+async def test_a_stale_rebuild_folder_is_removed_when_the_runner_opens(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=hashed_provider
+    ) as engine:
+        stored = await engine.store("kept across the killed rebuild", "alice")
+    shards = local_settings.data_path / "shards"
+    live = shards / f"p{stored.token.partition}"
+    stale = [shards / "p0.rebuild", shards / "p3.rebuild", live / "lexical.retired"]
+    for folder in stale:
+        (folder / "graph").mkdir(parents=True)
+        (folder / "graph" / "junk").write_bytes(b"half-written")
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=hashed_provider
+    ) as engine:
+        assert not [folder for folder in stale if folder.exists()]
+        await engine.rebuild()
+        results = (await engine.retrieve("killed rebuild", "alice")).results
+        assert [r.event_id for r in results] == [stored.event_id]
+    assert sorted(p.name for p in shards.iterdir() if ".rebuild" in p.name) == []
+
+
+def test_a_model_moved_aside_by_a_killed_swap_goes_back_in_place(tmp_path: Path) -> None:
+    shard = tmp_path / "shards" / "p2"
+    (shard / "graph.retired").mkdir(parents=True)
+    (shard / "graph.retired" / "graph.sqlite3").write_bytes(b"the old model")
+    (shard / "vector").mkdir()
+    assert remove_stale_staging(tmp_path) == [shard / "graph.retired"]
+    assert (shard / "graph" / "graph.sqlite3").read_bytes() == b"the old model"
+    assert sorted(p.name for p in shard.iterdir()) == ["graph", "vector"]
+
+
+# -- 9: validation gaps at the HTTP edge ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"user_id": "alice", "content": ""}, "content must not be empty"),
+        ({"user_id": "alice", "content": "  \n\t "}, "content must not be empty"),
+        ({"user_id": "alice", "content": []}, "content must not be empty"),
+        ({"user_id": "a\x00b", "content": "x"}, "$.user_id"),
+        ({"user_id": "", "content": "x"}, "$.user_id"),
+        ({"user_id": "alice", "content": "x", "session_id": ""}, "$.session_id"),
+    ],
+)
+async def test_bad_store_values_are_400_naming_the_field_and_write_nothing(
+    http: httpx.AsyncClient, engine: MemoryEngine, body: dict[str, Any], named: str
+) -> None:
+    before = await log_size(engine)
+    response = await http.post("/v1/memories", json=body, headers=ADMIN)
+    assert response.status_code == 400, response.text
+    assert named in response.json()["detail"]
+    assert "$.owner" not in response.json()["detail"]
+    assert await log_size(engine) == before
+
+
+async def test_empty_content_is_refused_by_the_engine_too(engine: MemoryEngine) -> None:
+    before = await log_size(engine)
+    for content in ("", "   "):
+        with pytest.raises(InvalidInput, match="content"):
+            await engine.store(content, "alice")
+    assert await log_size(engine) == before
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [({"top_k": 0}, "top_k"), ({"top_k": -3}, "top_k"), ({"token_budget": 0}, "token_budget")],
+)
+async def test_non_positive_retrieve_sizes_name_their_field(
+    http: httpx.AsyncClient, engine: MemoryEngine, fields: dict[str, int], named: str
+) -> None:
+    response = await http.post(
+        "/v1/retrieve", json={"user_id": "alice", "query": "x", **fields}, headers=ALICE
+    )
+    assert response.status_code == 400, response.text
+    detail = response.json()["detail"]
+    assert named in detail
+    other = {"top_k", "token_budget"} - {named}
+    assert not any(name in detail for name in other)
+    with pytest.raises(InvalidInput, match=named):
+        await engine.retrieve_request(RetrieveRequest(query="x", user_id="alice", **fields))
+
+
+async def test_a_lone_surrogate_escape_is_reported_as_such(http: httpx.AsyncClient) -> None:
+    body = b'{"user_id": "alice", "content": "\\ud800"}'
+    response = await http.post(
+        "/v1/memories", content=body, headers={**ALICE, "Content-Type": "application/json"}
+    )
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert "surrogate" in detail and "truncated" not in detail
+
+
+async def test_a_missing_body_is_reported_as_missing(http: httpx.AsyncClient) -> None:
+    response = await http.post(
+        "/v1/memories", headers={**ALICE, "Content-Type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert response.json()["detail"] == "a JSON request body is required"
+
+
+async def test_an_unsupported_method_is_405_with_allow(http: httpx.AsyncClient) -> None:
+    for method, path, allowed in (
+        ("TRACE", "/v1/health", {"GET"}),
+        ("PUT", "/v1/memories", {"POST"}),
+        ("TRACE", "/metrics", {"GET"}),
+    ):
+        response = await http.request(method, path, headers=ALICE)
+        assert response.status_code == 405, (method, path)
+        assert response.json()["error"] == "method_not_allowed"
+        assert allowed <= {m.strip() for m in response.headers["allow"].split(",")}
+
+
+# -- 6: the OpenAPI document describes the service -------------------------------------------
+
+
+async def test_openapi_document_states_errors_and_constraints(http: httpx.AsyncClient) -> None:
+    document = (await http.get("/schema/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    assert set(schemas["ErrorBody"]["required"]) == {"error", "detail"}
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            if path.startswith("/v1/") and path not in ("/v1/health", "/v1/ready", "/v1/status"):
+                for status in ("400", "401", "403", "404", "413", "503", "504"):
+                    assert status in responses, (method, path, status)
+            for status, response in responses.items():
+                if status.startswith(("4", "5")) and (path, status) != ("/v1/ready", "503"):
+                    ref = response["content"]["application/json"]["schema"]["$ref"]
+                    assert ref.endswith("/ErrorBody"), (method, path, status)
+    store = schemas["StoreRequest"]
+    assert store["additionalProperties"] is False
+    assert store["properties"]["user_id"]["minLength"] == 1
+    assert "pattern" in store["properties"]["user_id"]
+    retrieve = schemas["RetrieveRequest"]
+    assert retrieve["properties"]["top_k"]["minimum"] == 1
+    assert retrieve["properties"]["token_budget"]["minimum"] == 1
+    history = {p["name"]: p for p in document["paths"]["/v1/history"]["get"]["parameters"]}
+    assert history["limit"]["schema"]["oneOf"][0].get("minimum") == 1 or (
+        history["limit"]["schema"].get("minimum") == 1
+    )
+    assert "pattern" in str(history["after"]["schema"])
+
+
+# -- found by schemathesis -------------------------------------------------------------------
+
+
+async def test_every_credential_presented_must_hold(http: httpx.AsyncClient) -> None:
+    params = {"user_id": "alice"}
+    for headers in (
+        {"Authorization": "", "X-API-Key": "key-alice"},
+        {"Authorization": "Bearer key-alice", "X-API-Key": "nope"},
+        {"Authorization": "Bearer key-alice", "X-API-Key": "key-admin"},
+        {"X-API-Key": " "},
+    ):
+        response = await http.get("/v1/history", params=params, headers=headers)
+        assert response.status_code == 401, (headers, response.text)
+    same = {"Authorization": "Bearer key-alice", "X-API-Key": "key-alice"}
+    assert (await http.get("/v1/history", params=params, headers=same)).status_code == 200
+
+
+async def test_top_k_is_bounded_and_a_huge_history_limit_reads_everything(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    body = {"user_id": "alice", "query": "x", "top_k": 4398046511104}
+    response = await http.post("/v1/retrieve", json=body, headers=ALICE)
+    assert response.status_code == 400 and "$.top_k" in response.json()["detail"]
+    with pytest.raises(InvalidInput, match="top_k"):
+        await engine.retrieve_request(RetrieveRequest(query="x", user_id="alice", top_k=1001))
+    await engine.store("one", "alice")
+    params = {"user_id": "alice", "limit": str(2**70)}
+    history = await http.get("/v1/history", params=params, headers=ALICE)
+    assert history.status_code == 200 and [m["content"] for m in history.json()] == ["one"]
+
+
+async def test_numbers_the_log_cannot_store_are_refused_naming_the_field(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    before = await log_size(engine)
+    for body, named in (
+        ({"metadata": {"n": 2**64}}, "$.metadata.n"),
+        ({"fields": {"a": [1, -(2**63) - 1]}}, "$.fields.a[1]"),
+        ({"tool_calls": [{"x": 1e300}], "content": ""}, "$.tool_calls[0].x"),
+    ):
+        response = await http.post(
+            "/v1/memories", json={"user_id": "alice", "content": "c", **body}, headers=ALICE
+        )
+        assert response.status_code == 400, response.text
+        assert named in response.json()["detail"]
+    assert await log_size(engine) == before
