@@ -95,7 +95,7 @@ class EdgeVectorModel(VectorModelBase):
                 self._initialise()
             if index is not None and self._tracking is not None and not self.identity_mismatch:
                 dimension = self._tracking.identity.dimension
-                self._builder = IndexBuilder(self._live, dimension, index)
+                self._builder = IndexBuilder(self._live, dimension, index, special_points=1)
                 with self._live.lock:
                     self._builder.maybe_start()
         except BaseException:

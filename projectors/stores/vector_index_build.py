@@ -115,10 +115,14 @@ class IndexBuildFailed(RuntimeError):
 class IndexBuilder:
     """Builds the HNSW index of ``live`` in the background when ``policy`` says so.
 
-    ``note_*`` and ``maybe_start`` are called with ``live.lock`` held; ``close`` without."""
+    ``note_*`` and ``maybe_start`` are called with ``live.lock`` held; ``close`` without.
+    ``special_points``: points of the shard that are not memories (the tracking point)."""
 
-    def __init__(self, live: LiveShard, dimension: int, policy: IndexPolicy) -> None:
+    def __init__(
+        self, live: LiveShard, dimension: int, policy: IndexPolicy, special_points: int = 0
+    ) -> None:
         self._live = live
+        self._special = special_points
         self._dimension = dimension
         self._policy = policy
         self._journal: _Journal | None = None
@@ -151,10 +155,8 @@ class IndexBuilder:
         with self._idle:
             if self._cancelled or self._thread is not None or self._policy.threshold <= 0:
                 return
-            info = self._live.shard.info()
-            if info.points_count < self._retry_from:
-                return
-            if not self._policy.due(info.points_count, info.indexed_vectors_count):
+            points, indexed = self._counts()
+            if points < self._retry_from or not self._policy.due(points, indexed):
                 return
             self._thread = threading.Thread(
                 target=self._run, name=f"prme-index-{self._live.path.name}", daemon=True
@@ -171,10 +173,13 @@ class IndexBuilder:
 
     def status(self) -> IndexStatus:
         with self._live.lock:
-            info = self._live.shard.info()
-            return IndexStatus(
-                info.points_count, info.indexed_vectors_count, self._thread is not None
-            )
+            points, indexed = self._counts()
+            return IndexStatus(points, indexed, self._thread is not None)
+
+    def _counts(self) -> tuple[int, int]:
+        """Memory points and indexed vectors of the live shard (hold its lock)."""
+        info = self._live.shard.info()
+        return info.points_count - self._special, info.indexed_vectors_count
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no build runs (a build that finds another due starts it before it
@@ -213,15 +218,13 @@ class IndexBuilder:
             _log.exception("HNSW build of %s failed; the shard stays as it was", self._live.path)
             with self._live.lock:
                 if not self._cancelled:
-                    self._retry_from = self._live.shard.info().points_count + max(
-                        1, self._policy.threshold // 4
-                    )
+                    self._retry_from = self._counts()[0] + max(1, self._policy.threshold // 4)
         finally:
-            self._journal = None
             shutil.rmtree(copy, ignore_errors=True)
             # One step under both locks: a waiter never sees idle between this build and
             # the next one it finds due.
             with self._live.lock, self._idle:
+                self._journal = None
                 self._thread = None
                 self._process = None
                 self.maybe_start()
