@@ -158,6 +158,12 @@ class IndexBuilder:
             points, indexed = self._counts()
             if points < self._retry_from or not self._policy.due(points, indexed):
                 return
+            _log.info(
+                "HNSW build of %s: starting at %d points (%d indexed)",
+                self._live.path,
+                points,
+                indexed,
+            )
             self._thread = threading.Thread(
                 target=self._run, name=f"prme-index-{self._live.path.name}", daemon=True
             )
@@ -215,9 +221,9 @@ class IndexBuilder:
                 self._swap_in(copy)
                 self.builds += 1
         except Exception:
-            _log.exception("HNSW build of %s failed; the shard stays as it was", self._live.path)
             with self._live.lock:
-                if not self._cancelled:
+                if not self._cancelled:  # (closing kills the child: not a failure)
+                    _log.exception("HNSW build of %s failed; the shard is unchanged", copy)
                     self._retry_from = self._counts()[0] + max(1, self._policy.threshold // 4)
         finally:
             shutil.rmtree(copy, ignore_errors=True)
