@@ -25,11 +25,14 @@ from typing import Any
 
 import pytest
 
+from prme import MemoryEngine
+from prme.producers.producer import MessageDraft
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.stores import vector_index_build
 from prme.projectors.stores.vector_base import VectorHit
 from prme.projectors.stores.vector_edge import EdgeVectorModel
 from prme.projectors.stores.vector_index_build import IndexBuilder, IndexPolicy
+from prme.schemas.config import Settings
 
 from .record_builders import archived, erased
 from .vector_contract import DIM, IDENTITY, ids, lifecycle, message, node_of
@@ -328,3 +331,33 @@ def test_a_process_killed_during_a_build_leaves_its_shard_intact(tmp_path: Path)
         assert model.digest() == expected
         assert model.count() == THRESHOLD
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p0", "reference"]
+
+
+async def test_an_engine_past_the_threshold_indexes_its_shard_and_rebuild_keeps_digests(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    settings = local_settings.replace(qdrant={"index_threshold": 300})
+    drafts = [
+        MessageDraft(owner="alice", content=f"note {i} about gardening and tea", session_id="s")
+        for i in range(1200)
+    ]
+    async with await MemoryEngine.create(
+        settings=settings, embedding_provider=hashed_provider
+    ) as engine:
+        for start in range(0, len(drafts), 400):
+            await engine.store_many(drafts[start : start + 400])
+        [shard] = [s for s in engine.runner.shards.values() if s.models]  # one owner
+        before = shard.digests()
+        vector = shard.models["vector"]
+        assert isinstance(vector, EdgeVectorModel)
+        assert await asyncio.to_thread(vector.wait_index_idle, WAIT_S)
+        status = vector.index_status()
+        assert status is not None and status.points == 1200 and status.indexed >= 900
+        assert shard.digests() == before
+
+        await engine.rebuild(["vector"])  # a build the staged shard starts is cancelled
+        assert shard.digests() == before
+        response = await engine.retrieve("gardening and tea", "alice")
+        assert response.results
+    leftovers = [p.name for p in settings.data_path.glob("shards/*/*") if ".index-" in p.name]
+    assert leftovers == []
