@@ -56,7 +56,7 @@ from prme.projectors.embeddings.model_assets import ensure_default_model
 from prme.query.engine import MemoryEngine
 from prme.query.http_client import HttpMemoryBackend
 from prme.query.serve import run_server
-from prme.schemas.config import Settings
+from prme.schemas.config import QdrantSettings, Settings
 from prme.schemas.metrics import Metrics
 
 TARGET_P95_MS = 50.0
@@ -83,6 +83,30 @@ async def load(engine: MemoryEngine, memories: int, owners: list[str], seed: int
             latest[result.token.partition] = result.token
     await engine.wait_for(list(latest.values()), timeout_s=3600)
     return memories / (time.perf_counter() - started)
+
+
+async def settle_vector_indexes(engine: MemoryEngine, timeout_s: float = 3600) -> dict[str, Any]:
+    """Wait until no shard builds (or is due to build) its HNSW index; what each shard
+    holds then, and how long the wait took."""
+    started = time.perf_counter()
+    shards: dict[str, Any] = {}
+    for partition, shard in sorted(engine.runner.shards.items()):
+        model = shard.models.get("vector")
+        wait = getattr(model, "wait_index_idle", None)
+        if wait is None:
+            continue
+        if not await asyncio.to_thread(wait, timeout_s):
+            raise TimeoutError(f"p{partition}: the HNSW build did not finish in {timeout_s} s")
+        status = model.index_status() if model is not None else None
+        if status is not None and status.points > 1:
+            shards[f"p{partition}"] = {"points": status.points, "indexed": status.indexed}
+    indexed = {name: s for name, s in shards.items() if s["indexed"]}
+    return {
+        "wait_s": round(time.perf_counter() - started, 2),
+        "shards_indexed": len(indexed),
+        "shards": len(shards),
+        "indexed_shards": indexed,
+    }
 
 
 async def query_latency(
@@ -210,10 +234,15 @@ async def layout(
     arguments: argparse.Namespace,
     owners: list[str],
 ) -> dict[str, Any]:
-    settings = Settings(data_dir=str(directory), models_dir=str(arguments.models_dir))
+    settings = Settings(
+        data_dir=str(directory),
+        models_dir=str(arguments.models_dir),
+        qdrant=QdrantSettings(index_threshold=arguments.index_threshold),
+    )
     engine = await MemoryEngine.create(directory, settings=settings, embedding_provider=provider)
     try:
         load_rate = await load(engine, arguments.memories, owners, seed=len(owners))
+        indexes = await settle_vector_indexes(engine)
         summary, channels = await query_latency(
             engine, owners, arguments.queries, arguments.warmup, seed=3
         )
@@ -224,6 +253,8 @@ async def layout(
         "owners": len(owners),
         "memories_per_owner": arguments.memories // len(owners),
         "load_records_per_s": round(load_rate, 1),
+        "index_threshold": arguments.index_threshold,
+        "vector_indexes": indexes,
         "in_process": summary,
         "in_process_channels": channel_summary(channels),
         "in_process_meets_target": summary.p95_ms <= TARGET_P95_MS,
@@ -390,6 +421,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--dimension", type=int, default=384)
     parser.add_argument("--models-dir", type=Path, default=Settings().models_path)
+    parser.add_argument(
+        "--index-threshold",
+        type=int,
+        default=QdrantSettings().index_threshold,
+        help="qdrant.index_threshold of the packs (0: exact scans only, as before issue 14)",
+    )
     parser.add_argument("--no-http", dest="http", action="store_false")
     parser.add_argument(
         "--overhead-rounds", type=int, default=5, help="metrics off/on rounds (default 5)"

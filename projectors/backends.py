@@ -25,9 +25,13 @@ if TYPE_CHECKING:
 class VectorBackend:
     """Opens the vector model of a partition; holds the Qdrant client when there is one."""
 
-    def __init__(self, collection: str, client: QdrantClient | None = None) -> None:
+    def __init__(
+        self, collection: str, client: QdrantClient | None = None, index_threshold: int = 0
+    ) -> None:
+        """``index_threshold``: edge shards only, see ``QdrantSettings.index_threshold``."""
         self._collection = collection
         self._client = client
+        self._index_threshold = index_threshold
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VectorBackend:
@@ -35,7 +39,7 @@ class VectorBackend:
         if qdrant.url and qdrant.path:
             raise ConfigurationError("set one of qdrant.url (a server) and qdrant.path, not both")
         if not (qdrant.url or qdrant.path):
-            return cls(qdrant.collection)
+            return cls(qdrant.collection, index_threshold=qdrant.index_threshold)
         from qdrant_client import QdrantClient
 
         if qdrant.path:
@@ -57,8 +61,9 @@ class VectorBackend:
 
             return QdrantVectorModel(self._client, self._collection, partition, identity)
         from .stores.vector_edge import EdgeVectorModel
+        from .stores.vector_index_build import IndexPolicy
 
-        return EdgeVectorModel(directory, identity)
+        return EdgeVectorModel(directory, identity, IndexPolicy(self._index_threshold))
 
     def close(self) -> None:
         if self._client is not None:

@@ -102,6 +102,9 @@ class QdrantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_key: str | None = None
     collection: str = "prme"
     timeout_s: float = 10.0
+    index_threshold: int = 20_000
+    """Embedded shards: unindexed points of one shard that start a background HNSW build
+    (a child process on a copy, swapped in); once indexed, a quarter of it. 0: never."""
 
 
 class LimitsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -82,7 +82,10 @@ def test_retrieve_benchmark_reports_engine_http_and_embedding_latency(
         tmp_path,
         *("--memories", "120", "--owners", "6", "--queries", "8", "--warmup", "2"),
         *("--models-dir", str(default_model_dir.parent), "--overhead-rounds", "1"),
+        *("--index-threshold", "50"),
     )
+    # The one-owner pack's shard (120 points) got its HNSW index before the queries.
+    assert report["layouts"]["single_owner"]["vector_indexes"]["shards_indexed"] == 1
     overhead = report["metrics_overhead"]
     for path in ("in_process", "http_keepalive"):
         runs = overhead[path]

@@ -1,14 +1,16 @@
 """The vector read model on an embedded qdrant-edge shard, one shard directory per partition.
 
 Only one process may open a shard directory (a second open fails with ``WouldBlock``).
-``optimize()`` (the HNSW build) blocks the whole process, so it is never called here:
-before HNSW, filtered search is an exact scan of the owner's points.
+``optimize()`` (the HNSW build) blocks the whole process, so it is never called here: past
+``IndexPolicy.threshold`` unindexed points, ``vector_index_build`` builds the index in a
+child process on a copy and swaps it in. Until then (and for points written since the
+last build) filtered search is an exact scan of the owner's points.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,9 +53,17 @@ from .vector_base import (
     tracking_payload,
     tracking_point_id,
 )
+from .vector_index_build import (
+    IndexBuilder,
+    IndexPolicy,
+    IndexStatus,
+    LiveShard,
+    recover,
+    remove_leftovers,
+)
 
 if TYPE_CHECKING:
-    from qdrant_edge import ConditionType
+    from qdrant_edge import ConditionType, PointId
 
 _CONFIG_FILE = "edge_config.json"
 _TRACKING_ID = uuid.UUID(tracking_point_id("edge"))
@@ -67,18 +77,35 @@ def _match(key: str, value: str) -> FieldCondition:
 class EdgeVectorModel(VectorModelBase):
     """Vectors of one partition in an EdgeShard at ``path`` (created when absent)."""
 
-    def __init__(self, path: Path, identity: EmbeddingIdentity) -> None:
+    def __init__(
+        self, path: Path, identity: EmbeddingIdentity, index: IndexPolicy | None = None
+    ) -> None:
+        """With ``index``, the shard gets its HNSW index built in the background once it
+        holds enough points (see ``vector_index_build``)."""
         super().__init__(identity)
         self._path = path
-        self._shard = self._open(path, identity)
+        recover(path)
+        self._live = LiveShard(path, self._open(path, identity))
         self._closed = False
+        self._builder: IndexBuilder | None = None
         try:
+            remove_leftovers(path)
             self._tracking = self._read_tracking()
             if self._tracking is None:
                 self._initialise()
+            if index is not None and self._tracking is not None and not self.identity_mismatch:
+                dimension = self._tracking.identity.dimension
+                self._builder = IndexBuilder(self._live, dimension, index, special_points=1)
+                with self._live.lock:
+                    self._builder.maybe_start()
         except BaseException:
             self.close()
             raise
+
+    @property
+    def _shard(self) -> EdgeShard:
+        """The live shard: use it holding ``self._live.lock`` (a build swaps it)."""
+        return self._live.shard
 
     @staticmethod
     def _open(path: Path, identity: EmbeddingIdentity) -> EdgeShard:
@@ -117,6 +144,12 @@ class EdgeVectorModel(VectorModelBase):
         return Point(_TRACKING_ID, vector, tracking_payload(tracking))
 
     def _write(self, ops: list[VectorOp], tracking: TrackingState) -> None:
+        with self._live.lock:
+            self._write_locked(ops, tracking)
+            if self._builder is not None:
+                self._builder.maybe_start()
+
+    def _write_locked(self, ops: list[VectorOp], tracking: TrackingState) -> None:
         pending: list[Point] = []
         for op in ops:
             if isinstance(op, UpsertPoint):
@@ -125,21 +158,29 @@ class EdgeVectorModel(VectorModelBase):
             self._upsert(pending)
             pending = []
             if isinstance(op, SetState):
-                where = Filter(
-                    must=[HasIdCondition({uuid.UUID(op.point_id)}), _match("owner", op.owner)]
-                )
+                point = uuid.UUID(op.point_id)
+                where = Filter(must=[HasIdCondition({point}), _match("owner", op.owner)])
                 self._shard.update(
                     UpdateOperation.set_payload_by_filter(where, {"state": op.state})
                 )
+                self._noted([point])
             elif isinstance(op, EraseOwner):
                 where = Filter(must=[_match("owner", op.owner)])
                 self._shard.update(UpdateOperation.delete_points_by_filter(where))
+                if self._builder is not None:
+                    self._builder.note_erased(op.owner)
         pending.append(self._tracking_point(tracking))
         self._upsert(pending)
 
     def _upsert(self, points: list[Point]) -> None:
         if points:
             self._shard.update(UpdateOperation.upsert_points(points))
+            if self._builder is not None and self._builder.journaling:
+                self._noted([point.id for point in points])
+
+    def _noted(self, point_ids: Sequence[PointId]) -> None:
+        if self._builder is not None:
+            self._builder.note_points(point_ids)
 
     def _search(self, vector: list[float], where: SearchFilter, limit: int) -> list[VectorHit]:
         must: list[ConditionType] = [_match("owner", where.owner)]
@@ -155,9 +196,11 @@ class EdgeVectorModel(VectorModelBase):
             filter=Filter(must=must),
             with_payload=["node_id"],
         )
+        with self._live.lock:
+            found = self._shard.query(request)
         return [
             VectorHit(node_id=str(point.payload["node_id"]), score=float(point.score))
-            for point in self._shard.query(request)
+            for point in found
             if point.payload is not None
         ]
 
@@ -165,15 +208,16 @@ class EdgeVectorModel(VectorModelBase):
         where = Filter(must_not=[HasIdCondition({_TRACKING_ID})])
         cursor = None
         while True:
-            page, cursor = self._shard.scroll(
-                ScrollRequest(
-                    offset=cursor,
-                    limit=_SCROLL_PAGE,
-                    filter=where,
-                    with_payload=True,
-                    with_vector=True,
-                )
+            request = ScrollRequest(
+                offset=cursor,
+                limit=_SCROLL_PAGE,
+                filter=where,
+                with_payload=True,
+                with_vector=True,
             )
+            # A page at a time: a build swapped in between pages holds the same points.
+            with self._live.lock:
+                page, cursor = self._shard.scroll(request)
             for record in page:
                 vector = record.vector
                 if isinstance(vector, list):
@@ -187,9 +231,21 @@ class EdgeVectorModel(VectorModelBase):
     def count(self, owner: str | None = None) -> int:
         must: list[ConditionType] = [] if owner is None else [_match("owner", owner)]
         where = Filter(must=must, must_not=[HasIdCondition({_TRACKING_ID})])
-        return int(self._shard.count(CountRequest(exact=True, filter=where)))
+        with self._live.lock:
+            return int(self._shard.count(CountRequest(exact=True, filter=where)))
+
+    def index_status(self) -> IndexStatus | None:
+        """Points, indexed vectors and whether a build runs (``None``: no index policy)."""
+        return None if self._builder is None else self._builder.status()
+
+    def wait_index_idle(self, timeout_s: float) -> bool:
+        """Wait until no HNSW build runs or is due; False if ``timeout_s`` passed first."""
+        return True if self._builder is None else self._builder.wait_idle(timeout_s)
 
     def close(self) -> None:
         if not getattr(self, "_closed", True):
             self._closed = True
-            self._shard.close()
+            if self._builder is not None:
+                self._builder.close()  # without the lock: the build thread may wait on it
+            with self._live.lock:
+                self._shard.close()
