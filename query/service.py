@@ -62,7 +62,7 @@ from .http_types import (
     parse_token,
 )
 from .observe import CALLER_STATE, RequestObserver, metrics_endpoint, status_endpoint
-from .openapi import PROTECTED_ERRORS, StrictBodySchemaPlugin
+from .openapi import PROTECTED_ERRORS, StrictBodySchemaPlugin, error_responses
 from .types import EventView, StoreResult
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -448,7 +448,9 @@ async def cluster(engine: EngineDep) -> ClusterView:
     return_dto=None,
     status_code=200,
     summary="Node to node: return once this node has applied a partition's offset",
+    description="Authenticated by the cluster secret (X-PRME-Cluster-Secret), not an API key.",
     tags=["cluster"],
+    responses=error_responses(400, 401, 413, 503, 504),
 )
 async def cluster_wait(
     request: Request[Any, Any, Any], data: JSONBody[WaitRequest], engine: EngineDep
@@ -551,7 +553,6 @@ PROTECTED = [
     history,
     get_event,
     get_event_nodes,
-    cluster_wait,
 ]
 
 
@@ -569,7 +570,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
         dependencies={"caller": Provide(provide_caller)},
         security=security,
     )
-    open_routes = Router("/v1", route_handlers=[health, ready, cluster])
+    open_routes = Router("/v1", route_handlers=[health, ready, cluster, cluster_wait])
     middleware = [DefineMiddleware(RequestObserver, metrics=engine.metrics)]
     if engine.router is not None:
         middleware.append(
