@@ -4,6 +4,7 @@ output, and a Kafka broker started with ``deploy/kafka/kafka.sh`` for the length
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -12,7 +13,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,43 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--work-dir", type=Path, help="scratch directory (default: a temporary directory)"
     )
+
+
+def add_workload_options(
+    parser: argparse.ArgumentParser,
+    *,
+    messages: int,
+    owners: int,
+    partitions: int,
+    messages_help: str | None = None,
+) -> None:
+    """``--messages``, ``--owners``, ``--partitions`` and ``--runs`` (default 3)."""
+    parser.add_argument("--messages", type=int, default=messages, help=messages_help)
+    parser.add_argument("--owners", type=int, default=owners)
+    parser.add_argument("--partitions", type=int, default=partitions)
+    parser.add_argument("--runs", type=int, default=3)
+
+
+def add_broker_options(parser: argparse.ArgumentParser, *, local_only: bool = True) -> None:
+    """``--bootstrap`` (a running broker) and, where the benchmark can skip Kafka, ``--no-kafka``."""
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    if local_only:
+        parser.add_argument("--no-kafka", dest="kafka", action="store_false", help="local log only")
+
+
+Measure = Callable[[argparse.Namespace, Path], Awaitable[dict[str, Any]]]
+
+
+def run_benchmark(
+    parser: argparse.ArgumentParser, measure: Measure, argv: list[str] | None
+) -> None:
+    """The main of every benchmark: add ``--out``/``--work-dir``, parse ``argv``, run
+    ``measure`` in the scratch directory, and emit its report as JSON."""
+    add_common_options(parser)
+    arguments = parser.parse_args(argv)
+    with scratch_directory(arguments.work_dir) as work:
+        report = asyncio.run(measure(arguments, work))
+    emit(report, arguments.out)
 
 
 @contextmanager

@@ -23,7 +23,6 @@ Runs alternate (rebuild, floors, rebuild, ...); medians are quoted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
 import sqlite3
 import time
@@ -34,7 +33,7 @@ from typing import Any
 import tantivy
 from qdrant_edge import Distance, EdgeConfig, EdgeShard, EdgeVectorParams, Point, UpdateOperation
 
-from benchmarks.common import add_common_options, emit, machine, median, ratio, scratch_directory
+from benchmarks.common import add_workload_options, machine, median, ratio, run_benchmark
 from benchmarks.projection import TimedProvider, drafts, fill_log
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.registry import MODEL_NAMES
@@ -262,15 +261,8 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--owners", type=int, default=200)
-    parser.add_argument("--partitions", type=int, default=12)
-    parser.add_argument("--runs", type=int, default=3)
-    add_common_options(parser)
-    arguments = parser.parse_args(argv)
-    with scratch_directory(arguments.work_dir) as work:
-        report = asyncio.run(measure(arguments, work))
-    emit(report, arguments.out)
+    add_workload_options(parser, messages=20_000, owners=200, partitions=12)
+    run_benchmark(parser, measure, argv)
 
 
 if __name__ == "__main__":

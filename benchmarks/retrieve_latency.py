@@ -38,15 +38,13 @@ import httpx
 
 from benchmarks.common import (
     LatencySummary,
-    add_common_options,
     chat_turn,
-    emit,
     latency_summary,
     machine,
     median,
     percentile,
     question,
-    scratch_directory,
+    run_benchmark,
 )
 from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
@@ -397,11 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--overhead-only", action="store_true", help="only the metrics on/off comparison"
     )
-    add_common_options(parser)
-    arguments = parser.parse_args(argv)
-    with scratch_directory(arguments.work_dir) as work:
-        report = asyncio.run(measure(arguments, work))
-    emit(report, arguments.out)
+    run_benchmark(parser, measure, argv)
 
 
 if __name__ == "__main__":
