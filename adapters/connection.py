@@ -59,3 +59,32 @@ class ClientHandle:
         self._closed = True
         if self._owned:
             self._client.close()
+
+    @classmethod
+    def from_fields(cls, adapter: Any) -> ClientHandle:
+        """The handle for a pydantic adapter whose fields name the connection options
+        (``directory``, ``url``, ``api_key``, ``client``, ``embedding_provider``,
+        ``settings``); opened after validation, so that a connection error is a
+        ``ConfigurationError`` and not a pydantic ``ValidationError``."""
+        return cls(
+            directory=adapter.directory,
+            url=adapter.url,
+            api_key=adapter.api_key,
+            client=adapter.client,
+            embedding_provider=adapter.embedding_provider,
+            settings=adapter.settings,
+        )
+
+
+class ClientAdapter:
+    """What every adapter offers over its ``ClientHandle`` (held in ``_handle``)."""
+
+    _handle: ClientHandle
+
+    @property
+    def memory_client(self) -> MemoryClient:
+        return self._handle.client
+
+    def close(self) -> None:
+        """Release the client (a ``client=`` given by the caller stays open)."""
+        self._handle.close()
