@@ -1,33 +1,5 @@
-"""The one exception hierarchy (defined in ``prme.schemas.errors``)."""
+"""The one exception hierarchy (defined in ``prme.schemas.errors``, whose ``__all__`` names
+every class of it)."""
 
-from prme.schemas.errors import (
-    ConfigurationError,
-    ConsistencyTimeout,
-    EmbeddingMismatch,
-    Forbidden,
-    InvalidInput,
-    NotFound,
-    PRMEError,
-    RecordDecodeError,
-    ShardUnavailable,
-    TransportError,
-    Unauthenticated,
-    UnknownRecordKind,
-    UnsupportedRecordVersion,
-)
-
-__all__ = [
-    "ConfigurationError",
-    "ConsistencyTimeout",
-    "EmbeddingMismatch",
-    "Forbidden",
-    "InvalidInput",
-    "NotFound",
-    "PRMEError",
-    "RecordDecodeError",
-    "ShardUnavailable",
-    "TransportError",
-    "Unauthenticated",
-    "UnknownRecordKind",
-    "UnsupportedRecordVersion",
-]
+from prme.schemas.errors import *  # noqa: F403
+from prme.schemas.errors import __all__ as __all__
