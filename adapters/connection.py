@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import Any, Self, TypedDict, Unpack
 
 from prme.query.sync_client import MemoryClient
 from prme.schemas.errors import ConfigurationError
@@ -89,3 +89,9 @@ class ClientAdapter:
     def close(self) -> None:
         """Release the client (a ``client=`` given by the caller stays open)."""
         self._handle.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
