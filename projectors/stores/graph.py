@@ -345,32 +345,39 @@ def _idf(df: int, total: int) -> float:
     return math.log(1.0 + max(total - df + 0.5, 0.5) / (df + 0.5))
 
 
+_UPSERT_NODE = (
+    "INSERT INTO nodes (node_id, owner, kind, scope, session_id, node_type, state, text, "
+    "speaker, role, event_id, recorded_at, occurred_at, content_hash, entities, seq) "
+    "VALUES (?, ?, 'memory', ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT(node_id) DO UPDATE SET node_type = excluded.node_type, "
+    "text = excluded.text, speaker = excluded.speaker, role = excluded.role, "
+    "content_hash = excluded.content_hash, entities = excluded.entities"
+)
+
+
+def _node_row(node: MemoryNode, seq: int) -> tuple[Any, ...]:
+    """The ``nodes`` row of a memory node, in the column order of its INSERT."""
+    return (
+        node.node_id,
+        node.owner,
+        node.scope,
+        node.session_id,
+        node.node_type,
+        node.text,
+        node.speaker,
+        node.role,
+        node.event_id,
+        node.recorded_at.isoformat(),
+        node.occurred_at.isoformat() if node.occurred_at else None,
+        node.content_hash,
+        json.dumps(node.entities),
+        seq,
+    )
+
+
 def _add_memory_node(cursor: sqlite3.Cursor, node: MemoryNode, seq: int) -> None:
     owner = node.owner
-    cursor.execute(
-        "INSERT INTO nodes (node_id, owner, kind, scope, session_id, node_type, state, text, "
-        "speaker, role, event_id, recorded_at, occurred_at, content_hash, entities, seq) "
-        "VALUES (?, ?, 'memory', ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT(node_id) DO UPDATE SET node_type = excluded.node_type, "
-        "text = excluded.text, speaker = excluded.speaker, role = excluded.role, "
-        "content_hash = excluded.content_hash, entities = excluded.entities",
-        (
-            node.node_id,
-            owner,
-            node.scope,
-            node.session_id,
-            node.node_type,
-            node.text,
-            node.speaker,
-            node.role,
-            node.event_id,
-            node.recorded_at.isoformat(),
-            node.occurred_at.isoformat() if node.occurred_at else None,
-            node.content_hash,
-            json.dumps(node.entities),
-            seq,
-        ),
-    )
+    cursor.execute(_UPSERT_NODE, _node_row(node, seq))
     _add_edge(cursor, node.node_id, node.event_id, "derived_from", owner)
     session_id = session_node_id(owner, node.scope, node.session_id)
     cursor.execute(
@@ -400,14 +407,6 @@ def _adds_node(item: ProjectedRecord) -> bool:
     return isinstance(item.record, Message) and item.node is not None
 
 
-_UPSERT_NODE = (
-    "INSERT INTO nodes (node_id, owner, kind, scope, session_id, node_type, state, text, "
-    "speaker, role, event_id, recorded_at, occurred_at, content_hash, entities, seq) "
-    "VALUES (?, ?, 'memory', ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT(node_id) DO UPDATE SET node_type = excluded.node_type, "
-    "text = excluded.text, speaker = excluded.speaker, role = excluded.role, "
-    "content_hash = excluded.content_hash, entities = excluded.entities"
-)
 _INSERT_EDGE = "INSERT OR IGNORE INTO edges (src, dst, kind, owner) VALUES (?, ?, ?, ?)"
 
 
@@ -448,24 +447,7 @@ def _add_memory_nodes(cursor: sqlite3.Cursor, run: list[ProjectedRecord]) -> Non
     nexts: list[tuple[str, str, str, str]] = []
     for node, seq in nodes:
         owner = node.owner
-        node_rows.append(
-            (
-                node.node_id,
-                owner,
-                node.scope,
-                node.session_id,
-                node.node_type,
-                node.text,
-                node.speaker,
-                node.role,
-                node.event_id,
-                node.recorded_at.isoformat(),
-                node.occurred_at.isoformat() if node.occurred_at else None,
-                node.content_hash,
-                json.dumps(node.entities),
-                seq,
-            )
-        )
+        node_rows.append(_node_row(node, seq))
         edges.append((node.node_id, node.event_id, "derived_from", owner))
         session_id = session_node_id(owner, node.scope, node.session_id)
         sessions.setdefault(session_id, (session_id, owner, node.scope, node.session_id))
