@@ -15,13 +15,13 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from prme.schemas.metrics import Metrics
 
+from ..stores.sqlite_base import transaction
 from .protocol import EmbeddingIdentity
 from .validation import check_identity_unchanged, check_texts, identity_of, validate_matrix
 
@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS changelog_offsets (
 ) WITHOUT ROWID;
 """
 _CACHE_KIB = 32 * 1024
+_PUT_VECTOR = "INSERT OR REPLACE INTO vectors (identity, content_hash, vector) VALUES (?, ?, ?)"
 
 
 def content_hash(text: str) -> str:
@@ -142,18 +143,8 @@ class VectorCache:
         rows = [(key, digest, row.tobytes()) for digest, row in zip(hashes, vectors, strict=True)]
         if not rows:
             return
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO vectors (identity, content_hash, vector) "
-                    "VALUES (?, ?, ?)",
-                    rows,
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db) as cursor:
+            cursor.executemany(_PUT_VECTOR, rows)
 
     def changelog_offset(self, name: str) -> int:
         """Where loading changelog ``name`` stopped last time (0 when never loaded)."""
@@ -175,25 +166,13 @@ class VectorCache:
         ``identity_key``, drop the ``deletes`` hashes, and note ``next_offset`` for ``name``."""
         rows = [(identity_key, digest, blob) for digest, blob in puts.items()]
         gone = [(identity_key, digest) for digest in deletes]
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO vectors (identity, content_hash, vector) "
-                    "VALUES (?, ?, ?)",
-                    rows,
-                )
-                self._db.executemany(
-                    "DELETE FROM vectors WHERE identity = ? AND content_hash = ?", gone
-                )
-                self._db.execute(
-                    "INSERT OR REPLACE INTO changelog_offsets (name, next_offset) VALUES (?, ?)",
-                    (name, next_offset),
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db) as cursor:
+            cursor.executemany(_PUT_VECTOR, rows)
+            cursor.executemany("DELETE FROM vectors WHERE identity = ? AND content_hash = ?", gone)
+            cursor.execute(
+                "INSERT OR REPLACE INTO changelog_offsets (name, next_offset) VALUES (?, ?)",
+                (name, next_offset),
+            )
 
     def count(self, identity: EmbeddingIdentity | Any | None = None) -> int:
         with self._lock:
@@ -209,15 +188,10 @@ class VectorCache:
         with self._lock:
             self._db.close()
 
-    def __enter__(self) -> VectorCache:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

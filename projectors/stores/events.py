@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.records import AnyRecord, OwnerErased, kind_of
 
-from ..model import ModelName, ProjectedRecord
+from ..model import ProjectedRecord
 from .sqlite_base import SqliteModel, runs
 
 _SCHEMA = """
@@ -58,9 +58,9 @@ class EventRow(msgspec.Struct, frozen=True, kw_only=True):
 class EventsModel(SqliteModel):
     """Every record of one partition (read model ``events``)."""
 
-    name: ClassVar[ModelName] = "events"
-    schema: ClassVar[str] = _SCHEMA
-    digest_queries: ClassVar[tuple[tuple[str, str], ...]] = (
+    name = "events"
+    schema = _SCHEMA
+    digest_queries = (
         (
             "events",
             "SELECT event_id, partition, offset, kind, owner, session_id, scope, recorded_at, "

@@ -29,7 +29,7 @@ import sqlite3
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -42,7 +42,7 @@ from prme.schemas.records import (
 )
 
 from ..entities import normalise_entity
-from ..model import MemoryNode, ModelName, NodeState, ProjectedRecord
+from ..model import MemoryNode, NodeState, ProjectedRecord
 from .sqlite_base import SqliteModel, runs
 
 EdgeKind = Literal["derived_from", "mentions", "part_of", "supersedes", "next"]
@@ -121,9 +121,9 @@ _NODE_COLUMNS = (
 class GraphModel(SqliteModel):
     """Nodes and edges of one shard (read model ``graph``)."""
 
-    name: ClassVar[ModelName] = "graph"
-    schema: ClassVar[str] = _SCHEMA
-    digest_queries: ClassVar[tuple[tuple[str, str], ...]] = (
+    name = "graph"
+    schema = _SCHEMA
+    digest_queries = (
         (
             "nodes",
             "SELECT node_id, owner, kind, scope, session_id, node_type, state, text, speaker, "

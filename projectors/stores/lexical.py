@@ -18,8 +18,7 @@ import hashlib
 import re
 import uuid
 from pathlib import Path
-from types import TracebackType
-from typing import Final
+from typing import Final, Self
 
 import msgspec
 import tantivy
@@ -337,13 +336,8 @@ class LexicalModel:
         writer.wait_merging_threads()
         self._windows.close()
 
-    def __enter__(self) -> LexicalModel:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
