@@ -163,9 +163,14 @@ def scratch_directory(work_dir: Path | None) -> Iterator[Path]:
         yield Path(directory)
 
 
-def _kafka_script(*args: str, timeout_s: float) -> str:
-    env = {**os.environ, "PRME_PYTHON": sys.executable}
-    result = subprocess.run(
+def run_kafka_script(
+    *args: str, timeout_s: float, env_defaults: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``deploy/kafka/kafka.sh`` with this interpreter as ``PRME_PYTHON``;
+    ``env_defaults`` are variables the caller's environment may override. Shared with the
+    test fixtures."""
+    env = {**(env_defaults or {}), **os.environ, "PRME_PYTHON": sys.executable}
+    return subprocess.run(
         ["bash", str(KAFKA_SCRIPT), *args],
         env=env,
         capture_output=True,
@@ -173,6 +178,10 @@ def _kafka_script(*args: str, timeout_s: float) -> str:
         timeout=timeout_s,
         check=False,
     )
+
+
+def _kafka_script(*args: str, timeout_s: float) -> str:
+    result = run_kafka_script(*args, timeout_s=timeout_s)
     if result.returncode != 0:
         tail = "\n".join(result.stderr.splitlines()[-20:])
         raise RuntimeError(f"kafka.sh {args[0]} failed (exit {result.returncode}):\n{tail}")

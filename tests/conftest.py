@@ -11,25 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common import run_kafka_script
+
 # --- Kafka -------------------------------------------------------------------------------
 # A real broker for @pytest.mark.kafka tests, in order of preference: PRME_KAFKA_BOOTSTRAP,
 # a testcontainers broker when a Docker engine answers, else deploy/kafka/kafka.sh (a
 # local KRaft broker from Maven jars). Kafka tests never skip: no broker is a failure.
 
-KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "kafka" / "kafka.sh"
-
 
 def _kafka_script(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     # Cluster nodes are small: three JVMs share a 2-core test machine.
-    env = {"PRME_KAFKA_HEAP": "512m", **os.environ, "PRME_PYTHON": sys.executable}
-    return subprocess.run(
-        ["bash", str(KAFKA_SCRIPT), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+    return run_kafka_script(*args, timeout_s=timeout_s, env_defaults={"PRME_KAFKA_HEAP": "512m"})
 
 
 def _kafka_failure(step: str, result: subprocess.CompletedProcess[str]) -> None:
@@ -136,6 +128,24 @@ def default_model_dir() -> Path:
     from prme.schemas.config import Settings
 
     return ensure_default_model(Settings().models_path)
+
+
+# --- Sample data -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def demo_sample(tmp_path: Path) -> Path:
+    """The `make demo` sample (``examples/make_sample.py``'s output) as a JSONL file."""
+    root = Path(__file__).resolve().parents[1]
+    sample = subprocess.run(
+        [sys.executable, str(root / "examples" / "make_sample.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    source = tmp_path / "sample.jsonl"
+    source.write_text(sample)
+    return source
 
 
 # --- Engines -----------------------------------------------------------------------------
