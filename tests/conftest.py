@@ -6,8 +6,9 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,3 +182,15 @@ def kafka_settings(tmp_path: Path, kafka_bootstrap: str, kafka_topic: str) -> ob
             "partitions": 4,
         }
     )
+
+
+@pytest.fixture
+async def http(engine: Any) -> AsyncIterator[Any]:
+    """An ``httpx.AsyncClient`` on the service app of the module's ``engine`` fixture."""
+    import httpx
+
+    from prme.query.service import create_app
+
+    transport = httpx.ASGITransport(app=create_app(engine))
+    async with httpx.AsyncClient(transport=transport, base_url="http://prme") as client:
+        yield client
