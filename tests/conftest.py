@@ -149,6 +149,29 @@ def demo_sample(tmp_path: Path) -> Path:
     return source
 
 
+# --- Clients and services --------------------------------------------------------------
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[Any]:
+    """A sync ``MemoryClient`` on a fresh embedded pack with the hashed provider."""
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+    from prme.query.sync_client import MemoryClient
+
+    memory = MemoryClient(tmp_path / "memory", embedding_provider=HashedBagOfWordsProvider())
+    yield memory
+    memory.close()
+
+
+@pytest.fixture
+def service_url(tmp_path: Path) -> Iterator[str]:
+    """The base URL of ``prme serve`` on a fresh pack (API key ``SERVICE_KEY``: alice)."""
+    from tests.service_harness import running_service
+
+    with running_service(tmp_path / "served") as url:
+        yield url
+
+
 # --- Engines -----------------------------------------------------------------------------
 
 
