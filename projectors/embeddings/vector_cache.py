@@ -15,13 +15,13 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
 from prme.schemas.metrics import Metrics
 
-from ..stores.sqlite_base import transaction
+from ..stores.sqlite_base import LockedDatabase, transaction
 from .protocol import EmbeddingIdentity
 from .validation import check_identity_unchanged, check_texts, identity_of, validate_matrix
 
@@ -59,7 +59,7 @@ def as_float32(vector: Sequence[float]) -> list[float]:
     return np.asarray(vector, dtype=_FLOAT32).tolist()
 
 
-class VectorCache:
+class VectorCache(LockedDatabase):
     """SQLite file of vectors; safe to share between threads and processes."""
 
     def __init__(self, path: Path, *, timeout_s: float = 30.0) -> None:
@@ -183,16 +183,6 @@ class VectorCache:
                     "SELECT count(*) FROM vectors WHERE identity = ?", (identity_of(identity).key,)
                 ).fetchone()
         return int(row[0])
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 async def embed_with_cache(
