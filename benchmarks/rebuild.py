@@ -37,7 +37,7 @@ from benchmarks.common import add_workload_options, machine, median, ratio, run_
 from benchmarks.projection import TimedProvider, drafts, fill_log
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.registry import MODEL_NAMES
-from prme.projectors.stores.lexical import LexicalModel, _schema
+from prme.projectors.stores.lexical import LexicalModel, _schema, document_fields
 from prme.projectors.stores.vector_base import point_id
 from prme.projectors.stores.vector_edge import EdgeVectorModel
 from prme.query.engine import MemoryEngine
@@ -110,7 +110,9 @@ class Content:
                 vector.close()
             lexical = LexicalModel(shard / "lexical")
             try:
-                self.documents.append([_fields(document) for document in lexical.documents()])
+                self.documents.append(
+                    [document_fields(document) for document in lexical.documents()]
+                )
             finally:
                 lexical.close()
             for name, relative in SQLITE_FILES.items():
@@ -122,22 +124,6 @@ def _identity(provider: HashedBagOfWordsProvider) -> Any:
     from prme.projectors.embeddings.validation import identity_of
 
     return identity_of(provider)
-
-
-def _fields(document: Any) -> dict[str, Any]:
-    from prme.projectors.stores.lexical import _id_columns
-
-    return {
-        **_id_columns(document.node_id),
-        "node_id": document.node_id,
-        "owner": document.owner,
-        "scope": document.scope,
-        "session_id": document.session_id,
-        "state": document.state,
-        "text": document.text,
-        "context": document.context,
-        "speaker": document.speaker,
-    }
 
 
 def _tables(path: Path) -> list[tuple[str, list[str], list[tuple[Any, ...]]]]:

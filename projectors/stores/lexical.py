@@ -18,7 +18,7 @@ import hashlib
 import re
 import uuid
 from pathlib import Path
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import msgspec
 import tantivy
@@ -81,6 +81,13 @@ def _document_fields() -> tantivy.SchemaBuilder:
     builder.add_text_field("speaker", stored=True, tokenizer_name="en_stem", index_option="freq")
     builder.add_integer_field("offset", stored=True, indexed=True)
     return builder
+
+
+def document_fields(document: LexicalDocument, *, fast_ids: bool = True) -> dict[str, Any]:
+    """The index fields of ``document``: every field of it and, with ``fast_ids``, the id
+    columns."""
+    ids = _id_columns(document.node_id) if fast_ids else {}
+    return {**ids, **msgspec.structs.asdict(document)}
 
 
 def _id_columns(node_id: str) -> dict[str, int]:
@@ -238,18 +245,7 @@ class LexicalModel:
         return changed, points, erased, fresh
 
     def _document(self, document: LexicalDocument) -> tantivy.Document:
-        ids = _id_columns(document.node_id) if self._fast_ids else {}
-        return tantivy.Document(
-            **ids,
-            node_id=document.node_id,
-            owner=document.owner,
-            scope=document.scope,
-            session_id=document.session_id,
-            state=document.state,
-            text=document.text,
-            context=document.context,
-            speaker=document.speaker,
-        )
+        return tantivy.Document(**document_fields(document, fast_ids=self._fast_ids))
 
     def search(
         self,
