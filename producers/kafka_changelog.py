@@ -18,7 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from prme.schemas.errors import ConfigurationError, TransportError
 
-from .kafka_common import bounded, stop_quietly
+from .kafka_common import bounded, standalone_reader, started, stop_quietly
 from .kafka_topics import Replication, cluster_replication, create_topic
 
 CHANGELOG_SUFFIX = ".vectors"
@@ -105,29 +105,30 @@ class KafkaChangelog:
                 f"{self._partitions}: the changelog must be co-partitioned"
             )
         try:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self._bootstrap,
-                client_id=self._client_id,
-                enable_idempotence=True,
-                acks="all",
-                linger_ms=5,
-                max_request_size=_FETCH_BYTES,
-                request_timeout_ms=timeout_ms,
+            self._producer = await started(
+                AIOKafkaProducer(
+                    bootstrap_servers=self._bootstrap,
+                    client_id=self._client_id,
+                    enable_idempotence=True,
+                    acks="all",
+                    linger_ms=5,
+                    max_request_size=_FETCH_BYTES,
+                    request_timeout_ms=timeout_ms,
+                ),
+                self._timeout_s,
+                "changelog producer start",
             )
-            await bounded(producer.start(), self._timeout_s, "changelog producer start")
-            self._producer = producer
-            reader = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap,
-                client_id=f"{self._client_id}-reader",
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                max_partition_fetch_bytes=_FETCH_BYTES,
-                fetch_max_bytes=4 * _FETCH_BYTES,
-                request_timeout_ms=timeout_ms,
+            self._reader = await started(
+                standalone_reader(
+                    self._bootstrap,
+                    f"{self._client_id}-reader",
+                    timeout_ms,
+                    max_partition_fetch_bytes=_FETCH_BYTES,
+                    fetch_max_bytes=4 * _FETCH_BYTES,
+                ),
+                self._timeout_s,
+                "changelog reader start",
             )
-            await bounded(reader.start(), self._timeout_s, "changelog reader start")
-            self._reader = reader
         except BaseException:
             await self.close()
             raise
@@ -171,28 +172,14 @@ class KafkaChangelog:
         if offset >= end:
             return [], offset
         reader = self._require(self._reader)
-        tp = TopicPartition(self._topic, partition)
         async with self._read_lock:
-            reader.assign([tp])
-            reader.seek(tp, offset)
             return await bounded(
-                self._read_until(reader, tp, end, max_records), self._timeout_s, "changelog read"
+                _read_range(
+                    reader, TopicPartition(self._topic, partition), offset, end, max_records
+                ),
+                self._timeout_s,
+                "changelog read",
             )
-
-    @staticmethod
-    async def _read_until(
-        reader: AIOKafkaConsumer, tp: TopicPartition, end: int, max_records: int
-    ) -> tuple[list[ChangelogEntry], int]:
-        entries: list[ChangelogEntry] = []
-        position = await reader.position(tp)
-        while len(entries) < max_records and position < end:
-            batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
-            for record in batch.get(tp, []):
-                if record.offset >= end:
-                    break
-                entries.append(ChangelogEntry(record.offset, record.key or b"", record.value))
-            position = await reader.position(tp)
-        return entries, min(position, end)
 
     def _check(self, partition: int) -> None:
         if not 0 <= partition < self._partitions:
@@ -210,3 +197,21 @@ class KafkaChangelog:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def _read_range(
+    reader: AIOKafkaConsumer, tp: TopicPartition, offset: int, end: int, max_records: int
+) -> tuple[list[ChangelogEntry], int]:
+    """Up to ``max_records`` records of ``tp`` in ``[offset, end)`` and the next offset."""
+    reader.assign([tp])
+    reader.seek(tp, offset)
+    entries: list[ChangelogEntry] = []
+    position = await reader.position(tp)
+    while len(entries) < max_records and position < end:
+        batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
+        for record in batch.get(tp, []):
+            if record.offset >= end:
+                break
+            entries.append(ChangelogEntry(record.offset, record.key or b"", record.value))
+        position = await reader.position(tp)
+    return entries, min(position, end)
