@@ -27,9 +27,8 @@ from .record_builders import (
 
 @pytest.fixture
 def graph(tmp_path: Path) -> Iterator[GraphModel]:
-    model = GraphModel(tmp_path / "graph.sqlite")
-    yield model
-    model.close()
+    with GraphModel(tmp_path / "graph.sqlite") as model:
+        yield model
 
 
 def test_message_creates_memory_node_and_its_edges(graph: GraphModel) -> None:
