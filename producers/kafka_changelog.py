@@ -34,6 +34,24 @@ class ChangelogEntry(msgspec.Struct, frozen=True):
     value: bytes | None
 
 
+async def _read_range(
+    reader: AIOKafkaConsumer, tp: TopicPartition, offset: int, end: int, max_records: int
+) -> tuple[list[ChangelogEntry], int]:
+    """Up to ``max_records`` records of ``tp`` in ``[offset, end)`` and the next offset."""
+    reader.assign([tp])
+    reader.seek(tp, offset)
+    entries: list[ChangelogEntry] = []
+    position = await reader.position(tp)
+    while len(entries) < max_records and position < end:
+        batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
+        for record in batch.get(tp, []):
+            if record.offset >= end:
+                break
+            entries.append(ChangelogEntry(record.offset, record.key or b"", record.value))
+        position = await reader.position(tp)
+    return entries, min(position, end)
+
+
 class KafkaChangelog:
     """Publish keyed values to chosen partitions of a compacted topic; read a partition
     back from an offset. Writes use an idempotent producer with ``acks=all``."""
@@ -197,21 +215,3 @@ class KafkaChangelog:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-async def _read_range(
-    reader: AIOKafkaConsumer, tp: TopicPartition, offset: int, end: int, max_records: int
-) -> tuple[list[ChangelogEntry], int]:
-    """Up to ``max_records`` records of ``tp`` in ``[offset, end)`` and the next offset."""
-    reader.assign([tp])
-    reader.seek(tp, offset)
-    entries: list[ChangelogEntry] = []
-    position = await reader.position(tp)
-    while len(entries) < max_records and position < end:
-        batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
-        for record in batch.get(tp, []):
-            if record.offset >= end:
-                break
-            entries.append(ChangelogEntry(record.offset, record.key or b"", record.value))
-        position = await reader.position(tp)
-    return entries, min(position, end)

@@ -23,6 +23,12 @@ from .types import EventView, RetrieveResponse, StoreResult
 T = TypeVar("T")
 
 
+def check_target(directory: str | Path | None, url: str | None) -> None:
+    """A client serves exactly one of a directory (embedded) or a URL (the service)."""
+    if (directory is None) == (url is None):
+        raise ConfigurationError("give exactly one of directory (embedded) or url (service)")
+
+
 class AsyncMemoryClient(MemoryBackend):
     """``AsyncMemoryClient("./memory")`` (embedded) or ``AsyncMemoryClient(url=, api_key=)``."""
 
@@ -36,8 +42,7 @@ class AsyncMemoryClient(MemoryBackend):
         embedding_provider: EmbeddingProvider | None = None,
         timeout_s: float = 30.0,
     ) -> None:
-        if (directory is None) == (url is None):
-            raise ConfigurationError("give exactly one of directory (embedded) or url (service)")
+        check_target(directory, url)
         if url is not None and embedding_provider is not None:
             raise ConfigurationError("embedding_provider applies to the embedded engine only")
         self._directory = directory
