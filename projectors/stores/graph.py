@@ -289,16 +289,22 @@ class _Search:
     def _mentioning(self, weights: dict[str, float]) -> dict[str, float]:
         if not weights:
             return {}
-        marks = ",".join("?" * len(weights))
-        rows = self._db.execute(
-            "SELECT e.src, e.dst FROM edges e CROSS JOIN nodes n ON n.node_id = e.src "
-            f"WHERE e.kind = 'mentions' AND e.dst IN ({marks}) AND {self._filter}",
-            [*weights, *self._params],
-        ).fetchall()
         scores: dict[str, float] = defaultdict(float)
-        for node_id, entity in rows:
+        for entity, node_id in self._edges_from(list(weights), "mentions", "dst", "src"):
             scores[node_id] += weights[entity]
         return scores
+
+    def _edges_from(
+        self, ids: list[str], kind: EdgeKind, end: str, other: str
+    ) -> list[tuple[str, str]]:
+        """``(id, node)`` for each ``kind`` edge whose ``end`` column is one of ``ids`` and
+        whose ``other`` column is a node the filter admits."""
+        marks = ",".join("?" * len(ids))
+        return self._db.execute(
+            f"SELECT e.{end}, e.{other} FROM edges e CROSS JOIN nodes n ON n.node_id = e.{other} "
+            f"WHERE e.kind = '{kind}' AND e.{end} IN ({marks}) AND {self._filter}",
+            [*ids, *self._params],
+        ).fetchall()
 
     def _co_mentioned(self, sources: list[str], query_ids: list[str], hub: float) -> dict[str, int]:
         """The entities most often mentioned together with ``sources`` (hubs left out)."""
@@ -325,17 +331,8 @@ class _Search:
         ids = list(direct)
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(
-                "SELECT e.src, e.dst FROM edges e CROSS JOIN nodes n ON n.node_id = e.dst "
-                f"WHERE e.src IN ({marks}) AND e.kind = 'next' AND {self._filter}",
-                [*chunk, *self._params],
-            ).fetchall()
-            rows += self._db.execute(
-                "SELECT e.dst, e.src FROM edges e CROSS JOIN nodes n ON n.node_id = e.src "
-                f"WHERE e.dst IN ({marks}) AND e.kind = 'next' AND {self._filter}",
-                [*chunk, *self._params],
-            ).fetchall()
+            rows = self._edges_from(chunk, "next", "src", "dst")
+            rows += self._edges_from(chunk, "next", "dst", "src")
             for hit, other in rows:
                 best[other] = max(best[other], direct[hit])
         return best
