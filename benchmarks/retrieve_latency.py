@@ -201,6 +201,11 @@ async def over_http(
     return summaries
 
 
+def pack_settings(directory: Path, arguments: argparse.Namespace) -> Settings:
+    """The benchmark pack's settings: ``directory``, with the models from ``--models-dir``."""
+    return Settings(data_dir=str(directory), models_dir=str(arguments.models_dir))
+
+
 async def layout(
     name: str,
     directory: Path,
@@ -208,7 +213,7 @@ async def layout(
     arguments: argparse.Namespace,
     owners: list[str],
 ) -> dict[str, Any]:
-    settings = Settings(data_dir=str(directory), models_dir=str(arguments.models_dir))
+    settings = pack_settings(directory, arguments)
     engine = await MemoryEngine.create(directory, settings=settings, embedding_provider=provider)
     try:
         load_rate = await load(engine, arguments.memories, owners, seed=len(owners))
@@ -240,7 +245,7 @@ async def metrics_overhead(
     owners: list[str],
 ) -> dict[str, Any]:
     """p95 with metrics off and on over the same pack, alternating rounds (see module doc)."""
-    base = Settings(data_dir=str(directory), models_dir=str(arguments.models_dir))
+    base = pack_settings(directory, arguments)
     p95: dict[str, dict[str, list[float]]] = {
         "in_process": {"off": [], "on": []},
         "http_keepalive": {"off": [], "on": []},
