@@ -60,15 +60,15 @@ class StoredNode(MemoryNode, frozen=True, kw_only=True):
     state: NodeState = "active"
 
 
-class GraphHit(msgspec.Struct, frozen=True):
-    node_id: str
-    score: float
-
-
 class Edge(msgspec.Struct, frozen=True):
     src: str
     dst: str
     kind: EdgeKind
+
+
+class GraphHit(msgspec.Struct, frozen=True):
+    node_id: str
+    score: float
 
 
 def entity_node_id(owner: str, name: str) -> str:
