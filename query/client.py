@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Self, TypeVar
 
@@ -45,31 +46,19 @@ class AsyncMemoryClient(MemoryBackend):
         check_target(directory, url)
         if url is not None and embedding_provider is not None:
             raise ConfigurationError("embedding_provider applies to the embedded engine only")
-        self._directory = directory
-        self._url = url
-        self._api_key = api_key
-        self._settings = settings
-        self._provider = embedding_provider
-        self._timeout_s = timeout_s
+        # Which backend serves this client is decided here, once; it opens on first use.
+        self._open: Callable[[], Awaitable[MemoryBackend]] = (
+            functools.partial(_open_service, url, api_key, timeout_s)
+            if url is not None
+            else functools.partial(_open_embedded, directory, settings, embedding_provider)
+        )
         self._backend: MemoryBackend | None = None
         self._lock = asyncio.Lock()
 
     async def _get(self) -> MemoryBackend:
         async with self._lock:
             if self._backend is None:
-                if self._url is not None:
-                    from .http_client import HttpMemoryBackend
-
-                    self._backend = HttpMemoryBackend(
-                        self._url, self._api_key, timeout_s=self._timeout_s
-                    )
-                else:
-                    self._backend = await MemoryEngine.open(
-                        self._directory,
-                        settings=self._settings,
-                        embedding_provider=self._provider,
-                        create_if_missing=True,
-                    )
+                self._backend = await self._open()
             return self._backend
 
     @property
@@ -171,6 +160,22 @@ class AsyncMemoryClient(MemoryBackend):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+async def _open_service(url: str, api_key: str | None, timeout_s: float) -> MemoryBackend:
+    from .http_client import HttpMemoryBackend
+
+    return HttpMemoryBackend(url, api_key, timeout_s=timeout_s)
+
+
+async def _open_embedded(
+    directory: str | Path | None,
+    settings: Settings | None,
+    provider: EmbeddingProvider | None,
+) -> MemoryBackend:
+    return await MemoryEngine.open(
+        directory, settings=settings, embedding_provider=provider, create_if_missing=True
+    )
 
 
 async def make_async_client(
