@@ -20,15 +20,16 @@ from .transport import LogItem
 
 
 class IngestLine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One line of an ingest file."""
+    """One line of an ingest file: the fields of a ``MessageDraft`` (``session`` and ``time``
+    in the file are its ``session_id`` and ``occurred_at``)."""
 
     owner: str
     content: str | list[dict[str, Any]]
-    session: str = "default"
+    session_id: str = msgspec.field(default="default", name="session")
     role: str = "user"
     scope: str = "default"
     name: str | None = None
-    time: datetime | None = None
+    occurred_at: datetime | None = msgspec.field(default=None, name="time")
     metadata: dict[str, Any] = {}
     request_id: str | None = None
 
@@ -59,19 +60,7 @@ def draft_from_line(line: bytes | str, producer: Producer) -> Any:
         parsed = _line_decoder.decode(line)
     except msgspec.DecodeError as error:
         raise InvalidInput(str(error)) from error
-    return producer.build_message(
-        MessageDraft(
-            owner=parsed.owner,
-            content=parsed.content,
-            role=parsed.role,
-            session_id=parsed.session,
-            scope=parsed.scope,
-            name=parsed.name,
-            occurred_at=parsed.time,
-            metadata=parsed.metadata,
-            request_id=parsed.request_id,
-        )
-    )
+    return producer.build_message(MessageDraft(**msgspec.structs.asdict(parsed)))
 
 
 async def ingest_lines(
