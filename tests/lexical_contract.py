@@ -36,6 +36,12 @@ def docs_by_id(model: LexicalModel) -> dict[str, LexicalDocument]:
     return {document.node_id: document for document in model.documents()}
 
 
+def contexts(model: LexicalModel, *node_ids: str) -> list[str]:
+    """The window text (``context``) of each of ``node_ids``, in order."""
+    documents = docs_by_id(model)
+    return [documents[node_id].context for node_id in node_ids]
+
+
 def full_log() -> RecordLog:
     log = RecordLog()
     rng = random.Random(7)
@@ -175,10 +181,7 @@ class LexicalIndexContract:
         replaced = log.message("alice", "replacement turn")
         model.apply(log.records)
 
-        documents = docs_by_id(model)
-        assert documents[old].context == ""
-        assert documents[fresh].context == ""
-        assert documents[replaced].context == ""
+        assert contexts(model, old, fresh, replaced) == ["", "", ""]
         assert ids(model.search("secret", "alice", None, 10)) == [old]
 
     def test_windows_are_kept_per_session_and_scope(
@@ -202,11 +205,12 @@ class LexicalIndexContract:
         log.delete("alice", doomed)
         model.apply(log.records[-1:])
 
-        documents = docs_by_id(model)
-        assert documents[first].context == "three"
-        assert documents[third].context == "one\nfour"
-        assert documents[fourth].context == "one\nthree"
-        assert documents[doomed].context == ""
+        assert contexts(model, first, third, fourth, doomed) == [
+            "three",
+            "one\nfour",
+            "one\nthree",
+            "",
+        ]
         assert ids(model.search("zebra", "alice", None, 10)) == [doomed]
 
     def test_deleting_another_owners_message_changes_nothing(
