@@ -39,7 +39,7 @@ class LineError(msgspec.Struct, frozen=True):
     error: str
 
 
-class IngestSummary(msgspec.Struct, frozen=True):
+class IngestSummary(msgspec.Struct, frozen=True, kw_only=True):
     lines: int
     written: int
     """Records appended (lines whose request_id was already on the log excluded)."""
