@@ -239,13 +239,13 @@ async def layout(
 
 
 async def metrics_overhead(
-    directory: Path,
+    base: Settings,
     provider: HashedBagOfWordsProvider,
     arguments: argparse.Namespace,
     owners: list[str],
 ) -> dict[str, Any]:
-    """p95 with metrics off and on over the same pack, alternating rounds (see module doc)."""
-    base = pack_settings(directory, arguments)
+    """p95 with metrics off and on over the pack ``base`` names, alternating rounds (see
+    module doc)."""
     p95: dict[str, dict[str, list[float]]] = {
         "in_process": {"off": [], "on": []},
         "http_keepalive": {"off": [], "on": []},
@@ -343,7 +343,7 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             "owners": len(spread),
             "queries": arguments.queries,
             "metrics_overhead": await metrics_overhead(
-                work / "spread", provider, arguments, spread
+                pack_settings(work / "spread", arguments), provider, arguments, spread
             ),
         }
     layouts = {"spread": spread, "single_owner": ["user-solo"]}
@@ -374,7 +374,9 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         "layouts": results,
         "real_model_embed_query": embed,
         "with_real_model": totals,
-        "metrics_overhead": await metrics_overhead(work / "spread", provider, arguments, spread),
+        "metrics_overhead": await metrics_overhead(
+            pack_settings(work / "spread", arguments), provider, arguments, spread
+        ),
         "http_note": (
             "server (run_server: uvicorn) in its own thread and event loop, client (httpx, "
             "HttpMemoryBackend) in the main loop of the same process; keepalive reuses one "
