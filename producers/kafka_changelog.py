@@ -83,14 +83,6 @@ class KafkaChangelog:
         self._read_lock = asyncio.Lock()
         self.replication: Replication | None = None
 
-    @property
-    def topic(self) -> str:
-        return self._topic
-
-    @property
-    def partitions(self) -> int:
-        return self._partitions
-
     async def start(self) -> None:
         """Create the topic unless it exists (with the events topic's partition count)
         and start the producer and the reader."""
@@ -158,6 +150,14 @@ class KafkaChangelog:
         for client in clients:
             if client is not None:
                 await stop_quietly(client.stop(), self._timeout_s)
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
 
     async def publish(self, partition: int, records: Sequence[tuple[bytes, bytes | None]]) -> None:
         """Write ``(key, value)`` pairs to ``partition`` and wait until all are acknowledged
