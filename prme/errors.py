@@ -1,5 +1,33 @@
-"""The one exception hierarchy (defined in ``prme.schemas.errors``, whose ``__all__`` names
-every class of it)."""
+"""The one exception hierarchy (defined in ``prme.schemas.errors``)."""
 
-from prme.schemas.errors import *  # noqa: F403
-from prme.schemas.errors import __all__ as __all__
+from prme.schemas.errors import (
+    ConfigurationError,
+    ConsistencyTimeout,
+    EmbeddingMismatch,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PRMEError,
+    RecordDecodeError,
+    ShardUnavailable,
+    TransportError,
+    Unauthenticated,
+    UnknownRecordKind,
+    UnsupportedRecordVersion,
+)
+
+__all__ = [
+    "ConfigurationError",
+    "ConsistencyTimeout",
+    "EmbeddingMismatch",
+    "Forbidden",
+    "InvalidInput",
+    "NotFound",
+    "PRMEError",
+    "RecordDecodeError",
+    "ShardUnavailable",
+    "TransportError",
+    "Unauthenticated",
+    "UnknownRecordKind",
+    "UnsupportedRecordVersion",
+]

@@ -57,21 +57,3 @@ class ConfigurationError(PRMEError, ValueError):
 
 class InvalidEmbedding(PRMEError, ValueError):
     """An embedding provider reported an invalid identity or returned malformed vectors."""
-
-
-__all__ = [
-    "ConfigurationError",
-    "ConsistencyTimeout",
-    "EmbeddingMismatch",
-    "Forbidden",
-    "InvalidEmbedding",
-    "InvalidInput",
-    "NotFound",
-    "PRMEError",
-    "RecordDecodeError",
-    "ShardUnavailable",
-    "TransportError",
-    "Unauthenticated",
-    "UnknownRecordKind",
-    "UnsupportedRecordVersion",
-]
