@@ -63,8 +63,9 @@ class PRMERetriever(ClientAdapter, BaseRetriever):
         )
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        query = query_bundle.query_str
         response = self._handle.client.retrieve(
-            query_bundle.query_str,
+            query,
             self.user_id,
             scope=self.scope,
             top_k=self.top_k,
