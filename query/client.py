@@ -7,7 +7,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
@@ -24,7 +24,7 @@ from .types import EventView, RetrieveResponse, StoreResult
 T = TypeVar("T")
 
 
-def check_target(directory: str | Path | None, url: str | None) -> None:
+def check_target(directory: object, url: object) -> None:
     """A client serves exactly one of a directory (embedded) or a URL (the service)."""
     if (directory is None) == (url is None):
         raise ConfigurationError("give exactly one of directory (embedded) or url (service)")
@@ -162,7 +162,8 @@ class AsyncMemoryClient(MemoryBackend):
         await self.close()
 
 
-async def _open_service(url: str, api_key: str | None, timeout_s: float) -> MemoryBackend:
+async def _open_service(url: Any, api_key: str | None, timeout_s: float) -> MemoryBackend:
+    """The HTTP backend (``url``: what ``HttpMemoryBackend`` takes, passed through)."""
     from .http_client import HttpMemoryBackend
 
     return HttpMemoryBackend(url, api_key, timeout_s=timeout_s)
