@@ -18,7 +18,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from prme.schemas.errors import ConfigurationError, TransportError
 
-from .kafka_common import bounded, standalone_reader, started, stop_quietly
+from .kafka_common import (
+    bounded,
+    positive_partitions,
+    standalone_reader,
+    started,
+    stop_quietly,
+)
 from .kafka_topics import Replication, cluster_replication, create_topic
 
 CHANGELOG_SUFFIX = ".vectors"
@@ -68,16 +74,15 @@ class KafkaChangelog:
         min_insync_replicas: int | None = None,
         configs: dict[str, str] | None = None,
     ) -> None:
-        if partitions <= 0:
-            raise ConfigurationError("partitions must be positive")
-        self._bootstrap = bootstrap
         self._topic = topic
-        self._partitions = partitions
-        self._timeout_s = request_timeout_s
+        self._partitions = positive_partitions(partitions)
+        self._bootstrap = bootstrap
         self._client_id = client_id
+        self._timeout_s = request_timeout_s
+        # How the topic is created when it is missing:
+        self._configs = {**COMPACTED, **(configs or {})}
         self._replication_factor = replication_factor
         self._min_insync = min_insync_replicas
-        self._configs = {**COMPACTED, **(configs or {})}
         self._producer: AIOKafkaProducer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._read_lock = asyncio.Lock()

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
-from prme.schemas.errors import TransportError
+from prme.schemas.errors import ConfigurationError, TransportError
 
 from .transport import LogEntry
 
@@ -39,6 +39,13 @@ async def stop_quietly(stop: Awaitable[Any], timeout_s: float) -> None:
         # aiokafka's fetcher cancels its own fetch tasks on close and lets that
         # cancellation escape when one is backing off from a dead broker: the client is
         # stopped all the same, and the caller was not cancelled.
+
+
+def positive_partitions(partitions: int) -> int:
+    """``partitions``, refused (``ConfigurationError``) unless it is positive."""
+    if partitions <= 0:
+        raise ConfigurationError("partitions must be positive")
+    return partitions
 
 
 ClientT = TypeVar("ClientT", AIOKafkaProducer, AIOKafkaConsumer)
