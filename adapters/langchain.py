@@ -23,12 +23,12 @@ from pydantic import Field, PrivateAttr, model_validator
 from prme.query.sync_client import MemoryClient
 from prme.schemas.errors import InvalidInput
 
-from .connection import ClientHandle
+from .connection import ClientAdapter, ClientHandle
 from .messages import langchain_to_draft, message_to_langchain
 from .results import results_with_metadata
 
 
-class PRMERetriever(BaseRetriever):
+class PRMERetriever(ClientAdapter, BaseRetriever):
     """PRME retrieval as LangChain ``Document``s.
 
     ``page_content`` is the memory text; ``metadata`` carries ``node_id``, ``event_id``,
@@ -61,20 +61,7 @@ class PRMERetriever(BaseRetriever):
 
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)
-        # Opened after validation so a connection error is a ConfigurationError, not
-        # a pydantic ValidationError.
-        self._handle = ClientHandle(
-            directory=self.directory,
-            url=self.url,
-            api_key=self.api_key,
-            client=self.client,
-            embedding_provider=self.embedding_provider,
-            settings=self.settings,
-        )
-
-    @property
-    def memory_client(self) -> MemoryClient:
-        return self._handle.client
+        self._handle = ClientHandle.from_fields(self)
 
     def _get_relevant_documents(
         self,
@@ -100,12 +87,8 @@ class PRMERetriever(BaseRetriever):
             for node_id, text, metadata in results_with_metadata(response)
         ]
 
-    def close(self) -> None:
-        """Release the client (a ``client=`` given by the caller stays open)."""
-        self._handle.close()
 
-
-class PRMEChatMessageHistory(BaseChatMessageHistory):
+class PRMEChatMessageHistory(ClientAdapter, BaseChatMessageHistory):
     """The chat history of (``user_id``, ``session_id``, ``scope``) on PRME's log.
 
     Messages round-trip exactly (every JSON-serializable LangChain message, chunks and
@@ -139,10 +122,6 @@ class PRMEChatMessageHistory(BaseChatMessageHistory):
         )
 
     @property
-    def memory_client(self) -> MemoryClient:
-        return self._handle.client
-
-    @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
         stored = self._handle.client.history(self.user_id, self.session_id, scope=self.scope)
         return [message_to_langchain(message) for message in stored]
@@ -159,7 +138,3 @@ class PRMEChatMessageHistory(BaseChatMessageHistory):
 
     def clear(self) -> None:
         self._handle.client.clear_history(self.user_id, self.session_id, scope=self.scope)
-
-    def close(self) -> None:
-        """Release the client (a ``client=`` given by the caller stays open)."""
-        self._handle.close()

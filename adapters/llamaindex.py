@@ -20,14 +20,14 @@ from pydantic import Field, PrivateAttr
 from prme.query.sync_client import MemoryClient
 from prme.schemas.records import Message
 
-from .connection import ClientHandle
+from .connection import ClientAdapter, ClientHandle
 from .messages import llamaindex_to_draft, message_to_llamaindex
 from .results import results_with_metadata
 
 DEFAULT_SESSION = "default"
 
 
-class PRMERetriever(BaseRetriever):
+class PRMERetriever(ClientAdapter, BaseRetriever):
     """PRME retrieval as ``NodeWithScore``: a ``TextNode`` whose id is the memory node id,
     scored with the fused score, with the same metadata as the LangChain retriever."""
 
@@ -62,13 +62,10 @@ class PRMERetriever(BaseRetriever):
             settings=settings,
         )
 
-    @property
-    def memory_client(self) -> MemoryClient:
-        return self._handle.client
-
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        query = query_bundle.query_str
         response = self._handle.client.retrieve(
-            query_bundle.query_str,
+            query,
             self.user_id,
             scope=self.scope,
             top_k=self.top_k,
@@ -90,10 +87,6 @@ class PRMERetriever(BaseRetriever):
             for node_id, text, metadata in results_with_metadata(response)
         ]
 
-    def close(self) -> None:
-        """Release the client (a ``client=`` given by the caller stays open)."""
-        self._handle.close()
-
 
 def parse_key(key: str) -> tuple[str, str]:
     """``"user_id:session_id"`` -> (user_id, session_id), split at the first colon; a key
@@ -102,7 +95,7 @@ def parse_key(key: str) -> tuple[str, str]:
     return user_id, session_id if colon else DEFAULT_SESSION
 
 
-class PRMEChatStore(BaseChatStore):
+class PRMEChatStore(ClientAdapter, BaseChatStore):
     """LlamaIndex chat store over PRME histories, keyed ``"user_id:session_id"``.
 
     Every change appends to the log: ``set_messages`` is an atomic replacement,
@@ -126,22 +119,11 @@ class PRMEChatStore(BaseChatStore):
         if directory is not None:
             options["directory"] = str(directory)
         super().__init__(**options)
-        self._handle = ClientHandle(
-            directory=self.directory,
-            url=self.url,
-            api_key=self.api_key,
-            client=self.client,
-            embedding_provider=self.embedding_provider,
-            settings=self.settings,
-        )
+        self._handle = ClientHandle.from_fields(self)
 
     @classmethod
     def class_name(cls) -> str:
         return "PRMEChatStore"
-
-    @property
-    def memory_client(self) -> MemoryClient:
-        return self._handle.client
 
     def _history(self, key: str) -> list[Message]:
         user_id, session_id = parse_key(key)
@@ -200,7 +182,3 @@ class PRMEChatStore(BaseChatStore):
 
     def get_keys(self) -> list[str]:
         return list(self._keys)
-
-    def close(self) -> None:
-        """Release the client (a ``client=`` given by the caller stays open)."""
-        self._handle.close()

@@ -4,6 +4,7 @@ output, and a Kafka broker started with ``deploy/kafka/kafka.sh`` for the length
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -12,7 +13,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,43 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_workload_options(
+    parser: argparse.ArgumentParser,
+    *,
+    messages: int,
+    owners: int,
+    partitions: int,
+    messages_help: str | None = None,
+) -> None:
+    """``--messages``, ``--owners``, ``--partitions`` and ``--runs`` (default 3)."""
+    parser.add_argument("--messages", type=int, default=messages, help=messages_help)
+    parser.add_argument("--owners", type=int, default=owners)
+    parser.add_argument("--partitions", type=int, default=partitions)
+    parser.add_argument("--runs", type=int, default=3)
+
+
+def add_broker_options(parser: argparse.ArgumentParser, *, local_only: bool = True) -> None:
+    """``--bootstrap`` (a running broker) and, where the benchmark can skip Kafka, ``--no-kafka``."""
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    if local_only:
+        parser.add_argument("--no-kafka", dest="kafka", action="store_false", help="local log only")
+
+
+Measure = Callable[[argparse.Namespace, Path], Awaitable[dict[str, Any]]]
+
+
+def run_benchmark(
+    parser: argparse.ArgumentParser, measure: Measure, argv: list[str] | None
+) -> None:
+    """The main of every benchmark: add ``--out``/``--work-dir``, parse ``argv``, run
+    ``measure`` in the scratch directory, and emit its report as JSON."""
+    add_common_options(parser)
+    arguments = parser.parse_args(argv)
+    with scratch_directory(arguments.work_dir) as work:
+        report = asyncio.run(measure(arguments, work))
+    emit(report, arguments.out)
+
+
 @contextmanager
 def scratch_directory(work_dir: Path | None) -> Iterator[Path]:
     """``work_dir`` when given (kept afterwards), else a temporary directory (removed)."""
@@ -125,9 +163,14 @@ def scratch_directory(work_dir: Path | None) -> Iterator[Path]:
         yield Path(directory)
 
 
-def _kafka_script(*args: str, timeout_s: float) -> str:
-    env = {**os.environ, "PRME_PYTHON": sys.executable}
-    result = subprocess.run(
+def run_kafka_script(
+    *args: str, timeout_s: float, env_defaults: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``deploy/kafka/kafka.sh`` with this interpreter as ``PRME_PYTHON``;
+    ``env_defaults`` are variables the caller's environment may override. Shared with the
+    test fixtures."""
+    env = {**(env_defaults or {}), **os.environ, "PRME_PYTHON": sys.executable}
+    return subprocess.run(
         ["bash", str(KAFKA_SCRIPT), *args],
         env=env,
         capture_output=True,
@@ -135,6 +178,10 @@ def _kafka_script(*args: str, timeout_s: float) -> str:
         timeout=timeout_s,
         check=False,
     )
+
+
+def _kafka_script(*args: str, timeout_s: float) -> str:
+    result = run_kafka_script(*args, timeout_s=timeout_s)
     if result.returncode != 0:
         tail = "\n".join(result.stderr.splitlines()[-20:])
         raise RuntimeError(f"kafka.sh {args[0]} failed (exit {result.returncode}):\n{tail}")

@@ -27,14 +27,14 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 
 from benchmarks.common import (
-    add_common_options,
+    add_broker_options,
+    add_workload_options,
     chat_turn,
-    emit,
     kafka_broker,
     machine,
     median,
     ratio,
-    scratch_directory,
+    run_benchmark,
 )
 from prme.producers.ingest import draft_from_line, ingest_lines
 from prme.producers.ingest_build import builder_process
@@ -226,18 +226,10 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--owners", type=int, default=1000)
-    parser.add_argument("--partitions", type=int, default=12)
+    add_workload_options(parser, messages=100_000, owners=1000, partitions=12)
     parser.add_argument("--batch-size", type=int, default=500, help="as `prme ingest`")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
-    parser.add_argument("--no-kafka", dest="kafka", action="store_false", help="local log only")
-    add_common_options(parser)
-    arguments = parser.parse_args(argv)
-    with scratch_directory(arguments.work_dir) as work:
-        report = asyncio.run(measure(arguments, work))
-    emit(report, arguments.out)
+    add_broker_options(parser)
+    run_benchmark(parser, measure, argv)
 
 
 if __name__ == "__main__":

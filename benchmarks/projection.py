@@ -18,7 +18,6 @@ each model (stamped when ``apply`` returns), plus the time until ``runner.wait_a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import random
 import time
@@ -29,15 +28,15 @@ from typing import Any
 
 from benchmarks.common import (
     LatencySummary,
-    add_common_options,
+    add_broker_options,
+    add_workload_options,
     chat_turn,
-    emit,
     kafka_broker,
     latency_summary,
     machine,
     median,
     ratio,
-    scratch_directory,
+    run_benchmark,
 )
 from prme.producers.kafka_log import KafkaLogTransport
 from prme.producers.local_log import LocalLogTransport
@@ -289,8 +288,12 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--messages", type=int, default=20_000, help="messages projected with the trivial model"
+    add_workload_options(
+        parser,
+        messages=20_000,
+        owners=200,
+        partitions=12,
+        messages_help="messages projected with the trivial model",
     )
     parser.add_argument(
         "--real-messages",
@@ -298,20 +301,12 @@ def main(argv: list[str] | None = None) -> None:
         default=3_000,
         help="messages projected with the default model (0 skips the real model)",
     )
-    parser.add_argument("--owners", type=int, default=200)
-    parser.add_argument("--partitions", type=int, default=12)
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--samples", type=int, default=100, help="freshness samples per case")
     parser.add_argument("--fresh-owners", type=int, default=4)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--models-dir", type=Path, default=Settings().models_path)
-    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
-    parser.add_argument("--no-kafka", dest="kafka", action="store_false", help="local log only")
-    add_common_options(parser)
-    arguments = parser.parse_args(argv)
-    with scratch_directory(arguments.work_dir) as work:
-        report = asyncio.run(measure(arguments, work))
-    emit(report, arguments.out)
+    add_broker_options(parser)
+    run_benchmark(parser, measure, argv)
 
 
 if __name__ == "__main__":

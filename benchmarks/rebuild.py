@@ -23,7 +23,6 @@ Runs alternate (rebuild, floors, rebuild, ...); medians are quoted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
 import sqlite3
 import time
@@ -34,11 +33,11 @@ from typing import Any
 import tantivy
 from qdrant_edge import Distance, EdgeConfig, EdgeShard, EdgeVectorParams, Point, UpdateOperation
 
-from benchmarks.common import add_common_options, emit, machine, median, ratio, scratch_directory
+from benchmarks.common import add_workload_options, machine, median, ratio, run_benchmark
 from benchmarks.projection import TimedProvider, drafts, fill_log
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.registry import MODEL_NAMES
-from prme.projectors.stores.lexical import LexicalModel, _schema
+from prme.projectors.stores.lexical import LexicalModel, _schema, document_fields
 from prme.projectors.stores.vector_base import point_id
 from prme.projectors.stores.vector_edge import EdgeVectorModel
 from prme.query.engine import MemoryEngine
@@ -111,7 +110,9 @@ class Content:
                 vector.close()
             lexical = LexicalModel(shard / "lexical")
             try:
-                self.documents.append([_fields(document) for document in lexical.documents()])
+                self.documents.append(
+                    [document_fields(document) for document in lexical.documents()]
+                )
             finally:
                 lexical.close()
             for name, relative in SQLITE_FILES.items():
@@ -123,22 +124,6 @@ def _identity(provider: HashedBagOfWordsProvider) -> Any:
     from prme.projectors.embeddings.validation import identity_of
 
     return identity_of(provider)
-
-
-def _fields(document: Any) -> dict[str, Any]:
-    from prme.projectors.stores.lexical import _id_columns
-
-    return {
-        **_id_columns(document.node_id),
-        "node_id": document.node_id,
-        "owner": document.owner,
-        "scope": document.scope,
-        "session_id": document.session_id,
-        "state": document.state,
-        "text": document.text,
-        "context": document.context,
-        "speaker": document.speaker,
-    }
 
 
 def _tables(path: Path) -> list[tuple[str, list[str], list[tuple[Any, ...]]]]:
@@ -262,15 +247,8 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--owners", type=int, default=200)
-    parser.add_argument("--partitions", type=int, default=12)
-    parser.add_argument("--runs", type=int, default=3)
-    add_common_options(parser)
-    arguments = parser.parse_args(argv)
-    with scratch_directory(arguments.work_dir) as work:
-        report = asyncio.run(measure(arguments, work))
-    emit(report, arguments.out)
+    add_workload_options(parser, messages=20_000, owners=200, partitions=12)
+    run_benchmark(parser, measure, argv)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    add_common_options,
-    emit,
+    add_broker_options,
+    add_workload_options,
     kafka_broker,
     machine,
     median,
     ratio,
-    scratch_directory,
+    run_benchmark,
 )
 from benchmarks.projection import TimedProvider, drafts, real_provider
 from prme.producers.factory import open_transport
@@ -162,18 +162,11 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=2_000)
-    parser.add_argument("--owners", type=int, default=50)
-    parser.add_argument("--partitions", type=int, default=1)
-    parser.add_argument("--runs", type=int, default=3)
+    add_workload_options(parser, messages=2_000, owners=50, partitions=1)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--models-dir", type=Path, default=Settings().models_path)
-    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
-    add_common_options(parser)
-    arguments = parser.parse_args(argv)
-    with scratch_directory(arguments.work_dir) as work:
-        report = asyncio.run(measure(arguments, work))
-    emit(report, arguments.out)
+    add_broker_options(parser, local_only=False)
+    run_benchmark(parser, measure, argv)
 
 
 if __name__ == "__main__":

@@ -38,15 +38,13 @@ import httpx
 
 from benchmarks.common import (
     LatencySummary,
-    add_common_options,
     chat_turn,
-    emit,
     latency_summary,
     machine,
     median,
     percentile,
     question,
-    scratch_directory,
+    run_benchmark,
 )
 from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
@@ -227,6 +225,15 @@ async def over_http(
     return summaries
 
 
+def pack_settings(directory: Path, arguments: argparse.Namespace) -> Settings:
+    """The benchmark pack's settings: ``directory``, with the models from ``--models-dir``."""
+    return Settings(
+        data_dir=str(directory),
+        models_dir=str(arguments.models_dir),
+        qdrant=QdrantSettings(index_threshold=arguments.index_threshold),
+    )
+
+
 async def layout(
     name: str,
     directory: Path,
@@ -234,11 +241,7 @@ async def layout(
     arguments: argparse.Namespace,
     owners: list[str],
 ) -> dict[str, Any]:
-    settings = Settings(
-        data_dir=str(directory),
-        models_dir=str(arguments.models_dir),
-        qdrant=QdrantSettings(index_threshold=arguments.index_threshold),
-    )
+    settings = pack_settings(directory, arguments)
     engine = await MemoryEngine.create(directory, settings=settings, embedding_provider=provider)
     try:
         load_rate = await load(engine, arguments.memories, owners, seed=len(owners))
@@ -267,13 +270,13 @@ async def layout(
 
 
 async def metrics_overhead(
-    directory: Path,
+    base: Settings,
     provider: HashedBagOfWordsProvider,
     arguments: argparse.Namespace,
     owners: list[str],
 ) -> dict[str, Any]:
-    """p95 with metrics off and on over the same pack, alternating rounds (see module doc)."""
-    base = Settings(data_dir=str(directory), models_dir=str(arguments.models_dir))
+    """p95 with metrics off and on over the pack ``base`` names, alternating rounds (see
+    module doc)."""
     p95: dict[str, dict[str, list[float]]] = {
         "in_process": {"off": [], "on": []},
         "http_keepalive": {"off": [], "on": []},
@@ -371,7 +374,7 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             "owners": len(spread),
             "queries": arguments.queries,
             "metrics_overhead": await metrics_overhead(
-                work / "spread", provider, arguments, spread
+                pack_settings(work / "spread", arguments), provider, arguments, spread
             ),
         }
     layouts = {"spread": spread, "single_owner": ["user-solo"]}
@@ -402,7 +405,9 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         "layouts": results,
         "real_model_embed_query": embed,
         "with_real_model": totals,
-        "metrics_overhead": await metrics_overhead(work / "spread", provider, arguments, spread),
+        "metrics_overhead": await metrics_overhead(
+            pack_settings(work / "spread", arguments), provider, arguments, spread
+        ),
         "http_note": (
             "server (run_server: uvicorn) in its own thread and event loop, client (httpx, "
             "HttpMemoryBackend) in the main loop of the same process; keepalive reuses one "
@@ -434,11 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--overhead-only", action="store_true", help="only the metrics on/off comparison"
     )
-    add_common_options(parser)
-    arguments = parser.parse_args(argv)
-    with scratch_directory(arguments.work_dir) as work:
-        report = asyncio.run(measure(arguments, work))
-    emit(report, arguments.out)
+    run_benchmark(parser, measure, argv)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ from prme.integrations.langchain import PRMEChatMessageHistory, PRMERetriever
 
 
 def main(directory: str) -> None:
-    history = PRMEChatMessageHistory(directory=directory, user_id="alice", session_id="trip")
-    retriever = PRMERetriever(directory=directory, user_id="alice", top_k=3, min_score=0.2)
-    try:
+    with (
+        PRMEChatMessageHistory(directory=directory, user_id="alice", session_id="trip") as history,
+        PRMERetriever(directory=directory, user_id="alice", top_k=3, min_score=0.2) as retriever,
+    ):
         history.add_messages(
             [
                 HumanMessage("I decided to fly to Lisbon in May, window seat please."),
@@ -45,14 +46,8 @@ def main(directory: str) -> None:
                 f"  {meta['score']:.4f} cos={meta['semantic_relevance']} "
                 f"{document.page_content!r} ({meta['node_id']})"
             )
-    finally:
-        retriever.close()
-        history.close()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        main(sys.argv[1])
-    else:
-        with tempfile.TemporaryDirectory(prefix="prme-langchain-") as scratch:
-            main(scratch)
+    with tempfile.TemporaryDirectory(prefix="prme-langchain-") as scratch:
+        main(sys.argv[1] if len(sys.argv) > 1 else scratch)

@@ -17,10 +17,11 @@ from prme.integrations.llamaindex import PRMEChatStore, PRMERetriever
 
 
 def main(directory: str) -> None:
-    chat = PRMEChatStore(directory=directory)
-    retriever = PRMERetriever(directory=directory, user_id="alice", top_k=3)
     key = "alice:support-42"
-    try:
+    with (
+        PRMEChatStore(directory=directory) as chat,
+        PRMERetriever(directory=directory, user_id="alice", top_k=3) as retriever,
+    ):
         chat.set_messages(
             key,
             [
@@ -36,14 +37,8 @@ def main(directory: str) -> None:
 
         for scored in retriever.retrieve("How should we contact Alice?"):
             print(f"  {scored.score:.4f} {scored.node.text!r} ({scored.node.node_id})")
-    finally:
-        retriever.close()
-        chat.close()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        main(sys.argv[1])
-    else:
-        with tempfile.TemporaryDirectory(prefix="prme-llamaindex-") as scratch:
-            main(scratch)
+    with tempfile.TemporaryDirectory(prefix="prme-llamaindex-") as scratch:
+        main(sys.argv[1] if len(sys.argv) > 1 else scratch)

@@ -6,7 +6,7 @@ import asyncio
 import collections
 import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, Literal
@@ -20,15 +20,16 @@ from .transport import LogItem
 
 
 class IngestLine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One line of an ingest file."""
+    """One line of an ingest file: the fields of a ``MessageDraft`` (``session`` and ``time``
+    in the file are its ``session_id`` and ``occurred_at``)."""
 
     owner: str
     content: str | list[dict[str, Any]]
-    session: str = "default"
+    session_id: str = msgspec.field(default="default", name="session")
     role: str = "user"
     scope: str = "default"
     name: str | None = None
-    time: datetime | None = None
+    occurred_at: datetime | None = msgspec.field(default=None, name="time")
     metadata: dict[str, Any] = {}
     request_id: str | None = None
 
@@ -38,7 +39,7 @@ class LineError(msgspec.Struct, frozen=True):
     error: str
 
 
-class IngestSummary(msgspec.Struct, frozen=True):
+class IngestSummary(msgspec.Struct, frozen=True, kw_only=True):
     lines: int
     written: int
     """Records appended (lines whose request_id was already on the log excluded)."""
@@ -59,19 +60,7 @@ def draft_from_line(line: bytes | str, producer: Producer) -> Any:
         parsed = _line_decoder.decode(line)
     except msgspec.DecodeError as error:
         raise InvalidInput(str(error)) from error
-    return producer.build_message(
-        MessageDraft(
-            owner=parsed.owner,
-            content=parsed.content,
-            role=parsed.role,
-            session_id=parsed.session,
-            scope=parsed.scope,
-            name=parsed.name,
-            occurred_at=parsed.time,
-            metadata=parsed.metadata,
-            request_id=parsed.request_id,
-        )
-    )
+    return producer.build_message(MessageDraft(**msgspec.structs.asdict(parsed)))
 
 
 async def ingest_lines(
@@ -98,27 +87,20 @@ async def ingest_lines(
     started = time.perf_counter()
     hits_before = getattr(producer.transport, "dedupe_hits", 0)
     errors: list[LineError] = []
-    in_flight: set[asyncio.Task[Any]] = set()
-    written = count = 0
+    sender = _InFlight(max_in_flight, progress)
+    count = 0
     batch: list[Any] = []
 
     async def flush() -> None:
-        nonlocal written, batch
+        nonlocal batch
         if not batch:
             return
         records, batch = batch, []
-        while len(in_flight) >= max_in_flight:
-            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                in_flight.discard(task)
-                task.result()
         # Lines are independent records: no transaction per batch (on Kafka that would
         # serialise the batches in flight).
-        task = asyncio.ensure_future(producer.append_records(records, atomic=False))
-        in_flight.add(task)
-        written += len(records)
-        if progress is not None:
-            task.add_done_callback(functools.partial(_report, progress, len(records)))
+        await sender.send(
+            functools.partial(producer.append_records, records, atomic=False), len(records)
+        )
 
     stopped = False
     for number, raw in enumerate(lines, start=1):
@@ -138,13 +120,50 @@ async def ingest_lines(
     if stopped:
         batch = []
     await flush()
-    if in_flight:
-        for task in await asyncio.gather(*in_flight, return_exceptions=True):
-            if isinstance(task, BaseException):
-                raise task
-    seconds = time.perf_counter() - started
+    await sender.drain()
     duplicates = getattr(producer.transport, "dedupe_hits", 0) - hits_before
-    written -= duplicates
+    return _summary(started, count, sender.written - duplicates, errors, duplicates)
+
+
+def _report(progress: Callable[[int], None], count: int, _task: asyncio.Task[Any]) -> None:
+    progress(count)
+
+
+class _InFlight:
+    """Appends sent without waiting for them, at most ``limit`` pending at a time; counts
+    the records they carry and reports each append's count to ``progress`` when it lands."""
+
+    def __init__(self, limit: int, progress: Callable[[int], None] | None) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._limit = limit
+        self._progress = progress
+        self.written = 0
+
+    async def send(self, append: Callable[[], Awaitable[Any]], count: int) -> None:
+        """Start ``append()`` once fewer than ``limit`` are pending (a failed one raises)."""
+        while len(self._tasks) >= self._limit:
+            done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                self._tasks.discard(task)
+                task.result()
+        task = asyncio.ensure_future(append())
+        self._tasks.add(task)
+        self.written += count
+        if self._progress is not None:
+            task.add_done_callback(functools.partial(_report, self._progress, count))
+
+    async def drain(self) -> None:
+        """Wait for every append still pending; raise the first failure."""
+        if self._tasks:
+            for task in await asyncio.gather(*self._tasks, return_exceptions=True):
+                if isinstance(task, BaseException):
+                    raise task
+
+
+def _summary(
+    started: float, count: int, written: int, errors: list[LineError], duplicates: int = 0
+) -> IngestSummary:
+    seconds = time.perf_counter() - started
     return IngestSummary(
         lines=count,
         written=written,
@@ -154,10 +173,6 @@ async def ingest_lines(
         errors=errors,
         duplicates=duplicates,
     )
-
-
-def _report(progress: Callable[[int], None], count: int, _task: asyncio.Task[Any]) -> None:
-    progress(count)
 
 
 async def _ingest_built(
@@ -176,27 +191,20 @@ async def _ingest_built(
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
     errors: list[LineError] = []
-    in_flight: set[asyncio.Task[Any]] = set()
+    sender = _InFlight(max_in_flight, progress)
     pending: collections.deque[asyncio.Future[bytes]] = collections.deque()
-    written = count = 0
+    count = 0
     batch: list[LogItem] = []
     event_ids: list[str] = []
 
     async def flush() -> None:
-        nonlocal written, batch, event_ids
+        nonlocal batch, event_ids
         if not batch:
             return
         items, ids, batch, event_ids = batch, event_ids, [], []
-        while len(in_flight) >= max_in_flight:
-            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                in_flight.discard(task)
-                task.result()
-        task = asyncio.ensure_future(producer.append_items(items, ids, atomic=False))
-        in_flight.add(task)
-        written += len(items)
-        if progress is not None:
-            task.add_done_callback(functools.partial(_report, progress, len(items)))
+        await sender.send(
+            functools.partial(producer.append_items, items, ids, atomic=False), len(items)
+        )
 
     async def take(built: list[BuiltLine]) -> bool:
         """Batch the built lines; ``False`` once a bad line stops the ingest."""
@@ -241,16 +249,5 @@ async def _ingest_built(
     if not going:
         batch, event_ids = [], []
     await flush()
-    if in_flight:
-        for task in await asyncio.gather(*in_flight, return_exceptions=True):
-            if isinstance(task, BaseException):
-                raise task
-    seconds = time.perf_counter() - started
-    return IngestSummary(
-        lines=count,
-        written=written,
-        skipped=len(errors),
-        seconds=seconds,
-        records_per_s=written / seconds if seconds > 0 else 0.0,
-        errors=errors,
-    )
+    await sender.drain()
+    return _summary(started, count, sender.written, errors)

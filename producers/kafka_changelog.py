@@ -18,7 +18,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from prme.schemas.errors import ConfigurationError, TransportError
 
-from .kafka_common import bounded, stop_quietly
+from .kafka_common import (
+    bounded,
+    positive_partitions,
+    standalone_reader,
+    started,
+    stop_quietly,
+)
 from .kafka_topics import Replication, cluster_replication, create_topic
 
 CHANGELOG_SUFFIX = ".vectors"
@@ -32,6 +38,24 @@ class ChangelogEntry(msgspec.Struct, frozen=True):
     offset: int
     key: bytes
     value: bytes | None
+
+
+async def _read_range(
+    reader: AIOKafkaConsumer, tp: TopicPartition, offset: int, end: int, max_records: int
+) -> tuple[list[ChangelogEntry], int]:
+    """Up to ``max_records`` records of ``tp`` in ``[offset, end)`` and the next offset."""
+    reader.assign([tp])
+    reader.seek(tp, offset)
+    entries: list[ChangelogEntry] = []
+    position = await reader.position(tp)
+    while len(entries) < max_records and position < end:
+        batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
+        for record in batch.get(tp, []):
+            if record.offset >= end:
+                break
+            entries.append(ChangelogEntry(record.offset, record.key or b"", record.value))
+        position = await reader.position(tp)
+    return entries, min(position, end)
 
 
 class KafkaChangelog:
@@ -50,28 +74,19 @@ class KafkaChangelog:
         min_insync_replicas: int | None = None,
         configs: dict[str, str] | None = None,
     ) -> None:
-        if partitions <= 0:
-            raise ConfigurationError("partitions must be positive")
-        self._bootstrap = bootstrap
         self._topic = topic
-        self._partitions = partitions
-        self._timeout_s = request_timeout_s
+        self._partitions = positive_partitions(partitions)
+        self._bootstrap = bootstrap
         self._client_id = client_id
+        self._timeout_s = request_timeout_s
+        # How the topic is created when it is missing:
+        self._configs = {**COMPACTED, **(configs or {})}
         self._replication_factor = replication_factor
         self._min_insync = min_insync_replicas
-        self._configs = {**COMPACTED, **(configs or {})}
         self._producer: AIOKafkaProducer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._read_lock = asyncio.Lock()
         self.replication: Replication | None = None
-
-    @property
-    def topic(self) -> str:
-        return self._topic
-
-    @property
-    def partitions(self) -> int:
-        return self._partitions
 
     async def start(self) -> None:
         """Create the topic unless it exists (with the events topic's partition count)
@@ -105,29 +120,30 @@ class KafkaChangelog:
                 f"{self._partitions}: the changelog must be co-partitioned"
             )
         try:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self._bootstrap,
-                client_id=self._client_id,
-                enable_idempotence=True,
-                acks="all",
-                linger_ms=5,
-                max_request_size=_FETCH_BYTES,
-                request_timeout_ms=timeout_ms,
+            self._producer = await started(
+                AIOKafkaProducer(
+                    bootstrap_servers=self._bootstrap,
+                    client_id=self._client_id,
+                    enable_idempotence=True,
+                    acks="all",
+                    linger_ms=5,
+                    max_request_size=_FETCH_BYTES,
+                    request_timeout_ms=timeout_ms,
+                ),
+                self._timeout_s,
+                "changelog producer start",
             )
-            await bounded(producer.start(), self._timeout_s, "changelog producer start")
-            self._producer = producer
-            reader = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap,
-                client_id=f"{self._client_id}-reader",
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                max_partition_fetch_bytes=_FETCH_BYTES,
-                fetch_max_bytes=4 * _FETCH_BYTES,
-                request_timeout_ms=timeout_ms,
+            self._reader = await started(
+                standalone_reader(
+                    self._bootstrap,
+                    f"{self._client_id}-reader",
+                    timeout_ms,
+                    max_partition_fetch_bytes=_FETCH_BYTES,
+                    fetch_max_bytes=4 * _FETCH_BYTES,
+                ),
+                self._timeout_s,
+                "changelog reader start",
             )
-            await bounded(reader.start(), self._timeout_s, "changelog reader start")
-            self._reader = reader
         except BaseException:
             await self.close()
             raise
@@ -139,6 +155,14 @@ class KafkaChangelog:
         for client in clients:
             if client is not None:
                 await stop_quietly(client.stop(), self._timeout_s)
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
 
     async def publish(self, partition: int, records: Sequence[tuple[bytes, bytes | None]]) -> None:
         """Write ``(key, value)`` pairs to ``partition`` and wait until all are acknowledged
@@ -171,28 +195,14 @@ class KafkaChangelog:
         if offset >= end:
             return [], offset
         reader = self._require(self._reader)
-        tp = TopicPartition(self._topic, partition)
         async with self._read_lock:
-            reader.assign([tp])
-            reader.seek(tp, offset)
             return await bounded(
-                self._read_until(reader, tp, end, max_records), self._timeout_s, "changelog read"
+                _read_range(
+                    reader, TopicPartition(self._topic, partition), offset, end, max_records
+                ),
+                self._timeout_s,
+                "changelog read",
             )
-
-    @staticmethod
-    async def _read_until(
-        reader: AIOKafkaConsumer, tp: TopicPartition, end: int, max_records: int
-    ) -> tuple[list[ChangelogEntry], int]:
-        entries: list[ChangelogEntry] = []
-        position = await reader.position(tp)
-        while len(entries) < max_records and position < end:
-            batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
-            for record in batch.get(tp, []):
-                if record.offset >= end:
-                    break
-                entries.append(ChangelogEntry(record.offset, record.key or b"", record.value))
-            position = await reader.position(tp)
-        return entries, min(position, end)
 
     def _check(self, partition: int) -> None:
         if not 0 <= partition < self._partitions:

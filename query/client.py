@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
@@ -23,6 +24,12 @@ from .types import EventView, RetrieveResponse, StoreResult
 T = TypeVar("T")
 
 
+def check_target(directory: object, url: object) -> None:
+    """A client serves exactly one of a directory (embedded) or a URL (the service)."""
+    if (directory is None) == (url is None):
+        raise ConfigurationError("give exactly one of directory (embedded) or url (service)")
+
+
 class AsyncMemoryClient(MemoryBackend):
     """``AsyncMemoryClient("./memory")`` (embedded) or ``AsyncMemoryClient(url=, api_key=)``."""
 
@@ -36,35 +43,22 @@ class AsyncMemoryClient(MemoryBackend):
         embedding_provider: EmbeddingProvider | None = None,
         timeout_s: float = 30.0,
     ) -> None:
-        if (directory is None) == (url is None):
-            raise ConfigurationError("give exactly one of directory (embedded) or url (service)")
+        check_target(directory, url)
         if url is not None and embedding_provider is not None:
             raise ConfigurationError("embedding_provider applies to the embedded engine only")
-        self._directory = directory
-        self._url = url
-        self._api_key = api_key
-        self._settings = settings
-        self._provider = embedding_provider
-        self._timeout_s = timeout_s
+        # Which backend serves this client is decided here, once; it opens on first use.
+        self._open: Callable[[], Awaitable[MemoryBackend]] = (
+            functools.partial(_open_service, url, api_key, timeout_s)
+            if url is not None
+            else functools.partial(_open_embedded, directory, settings, embedding_provider)
+        )
         self._backend: MemoryBackend | None = None
         self._lock = asyncio.Lock()
 
     async def _get(self) -> MemoryBackend:
         async with self._lock:
             if self._backend is None:
-                if self._url is not None:
-                    from .http_client import HttpMemoryBackend
-
-                    self._backend = HttpMemoryBackend(
-                        self._url, self._api_key, timeout_s=self._timeout_s
-                    )
-                else:
-                    self._backend = await MemoryEngine.open(
-                        self._directory,
-                        settings=self._settings,
-                        embedding_provider=self._provider,
-                        create_if_missing=True,
-                    )
+                self._backend = await self._open()
             return self._backend
 
     @property
@@ -166,6 +160,23 @@ class AsyncMemoryClient(MemoryBackend):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+async def _open_service(url: Any, api_key: str | None, timeout_s: float) -> MemoryBackend:
+    """The HTTP backend (``url``: what ``HttpMemoryBackend`` takes, passed through)."""
+    from .http_client import HttpMemoryBackend
+
+    return HttpMemoryBackend(url, api_key, timeout_s=timeout_s)
+
+
+async def _open_embedded(
+    directory: str | Path | None,
+    settings: Settings | None,
+    provider: EmbeddingProvider | None,
+) -> MemoryBackend:
+    return await MemoryEngine.open(
+        directory, settings=settings, embedding_provider=provider, create_if_missing=True
+    )
 
 
 async def make_async_client(

@@ -42,8 +42,7 @@ class RequestObserver:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+            return await self.app(scope, receive, send)
         status = 500
         started = time.perf_counter()
 

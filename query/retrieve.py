@@ -389,20 +389,13 @@ def _passes(fusion: str, floor: float, fused: float, cosine: float | None) -> bo
     return cosine is not None and cosine >= floor
 
 
+_NODE_FIELDS = MemoryResult.__struct_fields__[: MemoryResult.__struct_fields__.index("score")]
+"""The fields of a result that are the stored node's (``node_id`` .. ``occurred_at``)."""
+
+
 def _result(node: Any, score: float, cosine: float | None, floor_skipped: bool) -> MemoryResult:
     return MemoryResult(
-        node_id=node.node_id,
-        event_id=node.event_id,
-        text=node.text,
-        node_type=node.node_type,
-        owner=node.owner,
-        session_id=node.session_id,
-        scope=node.scope,
-        speaker=node.speaker,
-        role=node.role,
-        state=node.state,
-        recorded_at=node.recorded_at,
-        occurred_at=node.occurred_at,
+        **{name: getattr(node, name) for name in _NODE_FIELDS},
         score=score,
         semantic_relevance=cosine,
         metadata={"min_score_skipped": True} if floor_skipped else {},

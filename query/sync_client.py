@@ -20,7 +20,7 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 from prme.schemas.records import Message
 
-from .client import AsyncMemoryClient, make_async_client
+from .client import AsyncMemoryClient, check_target, make_async_client
 from .engine import MemoryEngine
 from .fusion import FusionName
 from .types import EventView, RetrieveResponse, StoreResult
@@ -132,8 +132,7 @@ class MemoryClient:
         embedding_provider: EmbeddingProvider | None = None,
         timeout_s: float = 120.0,
     ) -> None:
-        if (directory is None) == (url is None):
-            raise ConfigurationError("give exactly one of directory (embedded) or url (service)")
+        check_target(directory, url)
         self._timeout_s = timeout_s
         self._directory = Path(directory) if directory is not None else None
         if self._directory is not None:

@@ -6,30 +6,23 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from benchmarks.common import run_kafka_script
 
 # --- Kafka -------------------------------------------------------------------------------
 # A real broker for @pytest.mark.kafka tests, in order of preference: PRME_KAFKA_BOOTSTRAP,
 # a testcontainers broker when a Docker engine answers, else deploy/kafka/kafka.sh (a
 # local KRaft broker from Maven jars). Kafka tests never skip: no broker is a failure.
 
-KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "kafka" / "kafka.sh"
-
 
 def _kafka_script(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     # Cluster nodes are small: three JVMs share a 2-core test machine.
-    env = {"PRME_KAFKA_HEAP": "512m", **os.environ, "PRME_PYTHON": sys.executable}
-    return subprocess.run(
-        ["bash", str(KAFKA_SCRIPT), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+    return run_kafka_script(*args, timeout_s=timeout_s, env_defaults={"PRME_KAFKA_HEAP": "512m"})
 
 
 def _kafka_failure(step: str, result: subprocess.CompletedProcess[str]) -> None:
@@ -138,6 +131,47 @@ def default_model_dir() -> Path:
     return ensure_default_model(Settings().models_path)
 
 
+# --- Sample data -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def demo_sample(tmp_path: Path) -> Path:
+    """The `make demo` sample (``examples/make_sample.py``'s output) as a JSONL file."""
+    root = Path(__file__).resolve().parents[1]
+    sample = subprocess.run(
+        [sys.executable, str(root / "examples" / "make_sample.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    source = tmp_path / "sample.jsonl"
+    source.write_text(sample)
+    return source
+
+
+# --- Clients and services --------------------------------------------------------------
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[Any]:
+    """A sync ``MemoryClient`` on a fresh embedded pack with the hashed provider."""
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+    from prme.query.sync_client import MemoryClient
+
+    memory = MemoryClient(tmp_path / "memory", embedding_provider=HashedBagOfWordsProvider())
+    yield memory
+    memory.close()
+
+
+@pytest.fixture
+def service_url(tmp_path: Path) -> Iterator[str]:
+    """The base URL of ``prme serve`` on a fresh pack (API key ``SERVICE_KEY``: alice)."""
+    from tests.service_harness import running_service
+
+    with running_service(tmp_path / "served") as url:
+        yield url
+
+
 # --- Engines -----------------------------------------------------------------------------
 
 
@@ -171,3 +205,15 @@ def kafka_settings(tmp_path: Path, kafka_bootstrap: str, kafka_topic: str) -> ob
             "partitions": 4,
         }
     )
+
+
+@pytest.fixture
+async def http(engine: Any) -> AsyncIterator[Any]:
+    """An ``httpx.AsyncClient`` on the service app of the module's ``engine`` fixture."""
+    import httpx
+
+    from prme.query.service import create_app
+
+    transport = httpx.ASGITransport(app=create_app(engine))
+    async with httpx.AsyncClient(transport=transport, base_url="http://prme") as client:
+        yield client

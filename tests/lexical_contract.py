@@ -36,6 +36,12 @@ def docs_by_id(model: LexicalModel) -> dict[str, LexicalDocument]:
     return {document.node_id: document for document in model.documents()}
 
 
+def contexts(model: LexicalModel, *node_ids: str) -> list[str]:
+    """The window text (``context``) of each of ``node_ids``, in order."""
+    documents = docs_by_id(model)
+    return [documents[node_id].context for node_id in node_ids]
+
+
 def full_log() -> RecordLog:
     log = RecordLog()
     rng = random.Random(7)
@@ -72,8 +78,14 @@ class LexicalIndexContract:
     def model(self, make_index: MakeIndex) -> LexicalModel:
         return make_index()
 
-    def test_bm25_ranks_the_more_relevant_message_first(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    @pytest.fixture
+    def log(self) -> RecordLog:
+        """An empty log for the test's records."""
+        return RecordLog()
+
+    def test_bm25_ranks_the_more_relevant_message_first(
+        self, model: LexicalModel, log: RecordLog
+    ) -> None:
         hiking = log.message("alice", "We went hiking in the mountains and hiking again in spring")
         once = log.message(
             "alice", "The weekend was quiet, some hiking and lots of reading", session="s2"
@@ -86,8 +98,9 @@ class LexicalIndexContract:
         assert ids(hits) == [hiking, once]
         assert hits[0].score > hits[1].score > 0
 
-    def test_another_owners_documents_are_never_returned(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    def test_another_owners_documents_are_never_returned(
+        self, model: LexicalModel, log: RecordLog
+    ) -> None:
         mine = log.message("alice", "my passport number is in the drawer")
         log.message("bob", "my passport number is in the drawer, passport passport")
         model.apply(log.records)
@@ -95,8 +108,9 @@ class LexicalIndexContract:
         assert ids(model.search("passport drawer", "alice", None, 10)) == [mine]
         assert model.search("passport", "carol", None, 10) == []
 
-    def test_owner_and_scope_clauses_add_no_score(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    def test_owner_and_scope_clauses_add_no_score(
+        self, model: LexicalModel, log: RecordLog
+    ) -> None:
         alice = log.message("alice", "the garden tomatoes ripened early", session="a")
         for n in range(5):
             log.message("bob", "the garden tomatoes ripened early", session=f"b{n}")
@@ -111,8 +125,7 @@ class LexicalIndexContract:
         assert {hit.score for hit in bob_hits} == {alice_hit[0].score}
         assert scoped == alice_hit
 
-    def test_scope_filter_keeps_other_scopes_out(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    def test_scope_filter_keeps_other_scopes_out(self, model: LexicalModel, log: RecordLog) -> None:
         work = log.message("alice", "quarterly budget review on friday", scope="work")
         home = log.message("alice", "budget for the holiday trip", scope="home")
         model.apply(log.records)
@@ -122,10 +135,8 @@ class LexicalIndexContract:
         assert set(ids(model.search("budget", "alice", None, 10))) == {work, home}
 
     def test_window_holds_two_before_and_one_after_and_grows_when_a_later_message_arrives(
-        self,
-        model: LexicalModel,
+        self, model: LexicalModel, log: RecordLog
     ) -> None:
-        log = RecordLog()
         first, second, third, fourth = log.messages("alice", "one", "two", "three", "four")
         model.apply(log.records)
         assert docs_by_id(model)[fourth].context == "two\nthree"
@@ -141,18 +152,15 @@ class LexicalIndexContract:
         assert documents[second].context == "one\nthree"
         assert documents[fourth].text == "four"
 
-    def test_window_settings_are_honoured(self, make_index: MakeIndex) -> None:
-        log = RecordLog()
+    def test_window_settings_are_honoured(self, make_index: MakeIndex, log: RecordLog) -> None:
         nodes = log.messages("alice", "a1", "b2", "c3", "d4", "e5")
         with make_index("lex", LexicalSettings(window_before=1, window_after=2)) as wide:
             wide.apply(log.records)
             assert docs_by_id(wide)[nodes[1]].context == "a1\nc3\nd4"
 
     def test_neighbour_text_makes_a_message_findable_but_own_text_weighs_more(
-        self,
-        model: LexicalModel,
+        self, model: LexicalModel, log: RecordLog
     ) -> None:
-        log = RecordLog()
         question = log.message("alice", "what did you make in class?", speaker="Mel")
         answer = log.message("alice", "a bowl, I painted it blue", speaker="Caroline")
         log.message("alice", "lovely!", speaker="Mel")
@@ -163,8 +171,9 @@ class LexicalIndexContract:
         assert ids(pottery)[0] == answer
         assert question in ids(pottery)
 
-    def test_windows_never_cross_a_clear_or_replace_boundary(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    def test_windows_never_cross_a_clear_or_replace_boundary(
+        self, model: LexicalModel, log: RecordLog
+    ) -> None:
         old = log.message("alice", "old secret")
         log.clear("alice")
         fresh = log.message("alice", "fresh start")
@@ -172,14 +181,12 @@ class LexicalIndexContract:
         replaced = log.message("alice", "replacement turn")
         model.apply(log.records)
 
-        documents = docs_by_id(model)
-        assert documents[old].context == ""
-        assert documents[fresh].context == ""
-        assert documents[replaced].context == ""
+        assert contexts(model, old, fresh, replaced) == ["", "", ""]
         assert ids(model.search("secret", "alice", None, 10)) == [old]
 
-    def test_windows_are_kept_per_session_and_scope(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    def test_windows_are_kept_per_session_and_scope(
+        self, model: LexicalModel, log: RecordLog
+    ) -> None:
         a = log.message("alice", "alpha", session="s1")
         log.message("alice", "bravo", session="s2")
         log.message("alice", "charlie", session="s1", scope="other")
@@ -191,24 +198,24 @@ class LexicalIndexContract:
         assert documents[b].context == "alpha"
 
     def test_a_deleted_message_leaves_its_neighbours_windows_but_stays_searchable(
-        self,
-        model: LexicalModel,
+        self, model: LexicalModel, log: RecordLog
     ) -> None:
-        log = RecordLog()
         first, doomed, third, fourth = log.messages("alice", "one", "two zebra", "three", "four")
         model.apply(log.records)
         log.delete("alice", doomed)
         model.apply(log.records[-1:])
 
-        documents = docs_by_id(model)
-        assert documents[first].context == "three"
-        assert documents[third].context == "one\nfour"
-        assert documents[fourth].context == "one\nthree"
-        assert documents[doomed].context == ""
+        assert contexts(model, first, third, fourth, doomed) == [
+            "three",
+            "one\nfour",
+            "one\nthree",
+            "",
+        ]
         assert ids(model.search("zebra", "alice", None, 10)) == [doomed]
 
-    def test_deleting_another_owners_message_changes_nothing(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    def test_deleting_another_owners_message_changes_nothing(
+        self, model: LexicalModel, log: RecordLog
+    ) -> None:
         _, target, _ = log.messages("alice", "one", "two", "three")
         log.delete("bob", target)
         model.apply(log.records[:3])
@@ -217,8 +224,9 @@ class LexicalIndexContract:
 
         assert docs_by_id(model) == before
 
-    def test_speaker_is_a_boosted_field_of_its_own(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    def test_speaker_is_a_boosted_field_of_its_own(
+        self, model: LexicalModel, log: RecordLog
+    ) -> None:
         caroline = log.message("alice", "I adopted a puppy", speaker="Caroline", session="a")
         melanie = log.message("alice", "I adopted a puppy", speaker="Melanie", session="b")
         assistant = log.message("alice", "the weather is mild", role="assistant", session="c")
@@ -232,10 +240,8 @@ class LexicalIndexContract:
         assert docs_by_id(model)[caroline].text == "I adopted a puppy"
 
     def test_speakers_are_the_owners_names_or_roles_and_follow_later_batches(
-        self,
-        model: LexicalModel,
+        self, model: LexicalModel, log: RecordLog
     ) -> None:
-        log = RecordLog()
         log.message("alice", "hi", speaker="Caroline")
         melanie = log.message("alice", "hello", speaker="Melanie")
         log.message("alice", "how can I help?", role="assistant")
@@ -253,10 +259,8 @@ class LexicalIndexContract:
         assert (model.speakers("alice"), model.speakers("bob")) == ([], ["Zed"])
 
     def test_archived_and_superseded_nodes_leave_retrieval_until_restored(
-        self,
-        model: LexicalModel,
+        self, model: LexicalModel, log: RecordLog
     ) -> None:
-        log = RecordLog()
         kept = log.message("alice", "favourite colour is green", session="a")
         archived = log.message("alice", "favourite colour is blue", session="b")
         superseded = log.message("alice", "favourite colour is red", session="c")
@@ -274,8 +278,9 @@ class LexicalIndexContract:
         model.apply(log.records[-1:])
         assert set(ids(model.search("colour", "alice", None, 10))) == {kept, archived}
 
-    def test_owner_erased_removes_every_document_and_window(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    def test_owner_erased_removes_every_document_and_window(
+        self, model: LexicalModel, log: RecordLog
+    ) -> None:
         log.message("alice", "private diary entry")
         bob = log.message("bob", "private notes")
         log.erase("alice")
@@ -289,8 +294,7 @@ class LexicalIndexContract:
         assert set(documents) == {bob, after}
         assert documents[after].context == ""
 
-    def test_control_records_create_no_documents(self, model: LexicalModel) -> None:
-        log = RecordLog()
+    def test_control_records_create_no_documents(self, model: LexicalModel, log: RecordLog) -> None:
         log.clear("alice")
         log.replace("alice", message_count=0)
         log.delete("alice", "nothing")
@@ -313,9 +317,8 @@ class LexicalIndexContract:
         ],
     )
     def test_hostile_queries_are_searched_as_plain_words(
-        self, model: LexicalModel, query: str
+        self, model: LexicalModel, query: str, log: RecordLog
     ) -> None:
-        log = RecordLog()
         plan = log.message("alice", "the plan for the summer")
         log.message("bob", "bob plan owner")
         model.apply(log.records)
@@ -323,8 +326,9 @@ class LexicalIndexContract:
         assert ids(model.search(query, "alice", None, 10)) == [plan]
 
     @pytest.mark.parametrize("query", ["", "   ", "?!...", '"', "*", "()[]{}:^~"])
-    def test_queries_without_words_return_nothing(self, model: LexicalModel, query: str) -> None:
-        log = RecordLog()
+    def test_queries_without_words_return_nothing(
+        self, model: LexicalModel, query: str, log: RecordLog
+    ) -> None:
         log.message("alice", "anything at all")
         model.apply(log.records)
 

@@ -3,7 +3,6 @@ history (exact round-trip of every message class, langchain-core's history behav
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +42,6 @@ FACTS = [
     "Alice prefers dark mode in every editor.",
     "Alice decided to hire two more engineers.",
 ]
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[MemoryClient]:
-    memory = MemoryClient(tmp_path / "memory", embedding_provider=HashedBagOfWordsProvider())
-    yield memory
-    memory.close()
 
 
 def _seed(client: MemoryClient, owner: str = "alice", scope: str = "default") -> None:

@@ -4,9 +4,6 @@ retrieval results; history is isolated by owner, session and exact scope."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("langchain_core")
@@ -18,15 +15,7 @@ from llama_index.core.llms import ChatMessage  # noqa: E402
 from prme import MemoryClient, MessageDraft  # noqa: E402
 from prme.integrations.langchain import PRMEChatMessageHistory, PRMERetriever  # noqa: E402
 from prme.integrations.llamaindex import PRMEChatStore  # noqa: E402
-from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider  # noqa: E402
 from prme.schemas.records import SCHEMA_VERSION, HistoryReplaced  # noqa: E402
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[MemoryClient]:
-    memory = MemoryClient(tmp_path / "memory", embedding_provider=HashedBagOfWordsProvider())
-    yield memory
-    memory.close()
 
 
 def _history(client: MemoryClient, session: str = "s", **options: str) -> PRMEChatMessageHistory:

@@ -1,88 +1,18 @@
 """The LangChain code block of docs/FRAMEWORK-INTEGRATIONS.md, run as written: embedded
 with the default model, and in service mode against ``prme serve`` (directory -> url).
 
-``running_service`` is also used by the LlamaIndex seed test, so this module imports no
-framework at module level."""
+It imports no framework at module level: the no-framework import test runs without them."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import importlib.util
-import socket
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
-from prme.query.serve import run_server
-from prme.schemas.config import ServiceSettings, Settings
-
-SERVICE_KEY = "key-alice"
-
-
-@contextlib.contextmanager
-def running_service(data_dir: Path, *, deadline_s: float = 60.0) -> Iterator[str]:
-    """``prme serve`` (uvicorn on a loopback socket, in a thread) for ``data_dir``, with an
-    API key bound to ``alice``; yields the base URL and stops the server on exit."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    settings = Settings(
-        data_dir=str(data_dir),
-        service=ServiceSettings(host="127.0.0.1", port=port, api_keys={SERVICE_KEY: "alice"}),
-    )
-    loop = asyncio.new_event_loop()
-    shutdown = asyncio.Event()
-    failure: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            loop.run_until_complete(
-                run_server(
-                    settings,
-                    embedding_provider=HashedBagOfWordsProvider(),
-                    sockets=[sock],
-                    shutdown=shutdown,
-                    log_level="warning",
-                )
-            )
-        except BaseException as error:  # reported to the waiting test below
-            failure.append(error)
-
-    thread = threading.Thread(target=serve, name="prme-test-service", daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + deadline_s
-        while True:
-            if failure:
-                raise RuntimeError("the service failed to start") from failure[0]
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/v1/health", timeout=1.0).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the service did not answer within {deadline_s}s")
-            thread.join(0.05)  # waits on the server thread, returning early if it died
-        yield url
-    finally:
-        loop.call_soon_threadsafe(shutdown.set)
-        thread.join(30)
-        loop.close()
-        sock.close()
-
-
-@pytest.fixture
-def service_url(tmp_path: Path) -> Iterator[str]:
-    with running_service(tmp_path / "served") as url:
-        yield url
+from .service_harness import SERVICE_KEY, run_example
 
 
 @pytest.mark.model
@@ -204,17 +134,6 @@ def test_every_message_class_round_trips_in_service_mode(service_url: str) -> No
         restored = history.messages
     assert [type(m) for m in restored] == [type(m) for m in originals]
     assert restored == originals
-
-
-def run_example(name: str, directory: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    """Run ``examples/<name>.py``'s ``main(directory)``; return what it printed."""
-    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"prme_example_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(str(directory))
-    return capsys.readouterr().out
 
 
 @pytest.mark.model

@@ -29,13 +29,6 @@ FACTS = [
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[MemoryClient]:
-    memory = MemoryClient(tmp_path / "memory", embedding_provider=HashedBagOfWordsProvider())
-    yield memory
-    memory.close()
-
-
-@pytest.fixture
 def store(client: MemoryClient) -> Iterator[PRMEChatStore]:
     chat = PRMEChatStore(client=client)
     yield chat

@@ -3,20 +3,13 @@ with the default model, and in service mode against ``prme serve`` (directory ->
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("llama_index.core")
 
-from tests.test_adapter_langchain_seed import SERVICE_KEY, run_example, running_service  # noqa: E402
-
-
-@pytest.fixture
-def service_url(tmp_path: Path) -> Iterator[str]:
-    with running_service(tmp_path / "served") as url:
-        yield url
+from tests.service_harness import SERVICE_KEY, run_example  # noqa: E402
 
 
 @pytest.mark.model

@@ -22,7 +22,7 @@ from prme.projectors.backends import VectorBackend
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 
-from .test_project_command import projected_events
+from .test_project_command import wait_projected
 
 
 def test_the_default_vector_backend_is_the_embedded_edge_shard() -> None:
@@ -77,11 +77,7 @@ async def test_prme_project_writes_vectors_into_the_qdrant_backend_the_engine_re
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 180
-        while projected_events(data_dir) < len(notes) and time.monotonic() < deadline:
-            assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
-            time.sleep(0.25)
-        assert projected_events(data_dir) == len(notes)
+        wait_projected(data_dir, len(notes), worker, time.monotonic() + 180)
     finally:
         os.killpg(worker.pid, signal.SIGINT)
         _, log = worker.communicate(timeout=60)

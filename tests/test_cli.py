@@ -111,17 +111,9 @@ def test_version_names_the_distribution() -> None:
     assert result.stdout.strip() == f"prme {__version__} (prme-memory)"
 
 
-def test_ingesting_the_demo_sample_twice_writes_it_once(tmp_path: Path) -> None:
+def test_ingesting_the_demo_sample_twice_writes_it_once(tmp_path: Path, demo_sample: Path) -> None:
     """`make demo` run twice: the sample's request ids make the second ingest a no-op."""
-    root = Path(__file__).resolve().parents[1]
-    sample = subprocess.run(
-        [sys.executable, str(root / "examples" / "make_sample.py")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    source = tmp_path / "sample.jsonl"
-    source.write_text(sample)
+    source, sample = demo_sample, demo_sample.read_text()
     data = ["--data-dir", str(tmp_path / "pack")]
     summaries = []
     for _ in range(2):

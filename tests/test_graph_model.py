@@ -27,9 +27,8 @@ from .record_builders import (
 
 @pytest.fixture
 def graph(tmp_path: Path) -> Iterator[GraphModel]:
-    model = GraphModel(tmp_path / "graph.sqlite")
-    yield model
-    model.close()
+    with GraphModel(tmp_path / "graph.sqlite") as model:
+        yield model
 
 
 def test_message_creates_memory_node_and_its_edges(graph: GraphModel) -> None:
@@ -160,16 +159,13 @@ def test_search_ranks_direct_hits_by_matched_entities_and_idf(graph: GraphModel)
 
 
 def test_search_reaches_two_hops_at_lower_score(graph: GraphModel) -> None:
-    graph.apply(
-        projected(
-            [
-                msg("e1", "Caroline joined the Pride Parade", session="a"),
-                msg("e2", "The Pride Parade was in June 2023", session="b"),
-                msg("e3", "what a day", session="a"),
-                msg("e4", "Unrelated Tokyo trip", session="c"),
-            ]
-        )
-    )
+    said = {
+        "e1": ("Caroline joined the Pride Parade", "a"),
+        "e2": ("The Pride Parade was in June 2023", "b"),
+        "e3": ("what a day", "a"),
+        "e4": ("Unrelated Tokyo trip", "c"),
+    }
+    graph.apply(projected([msg(e, text, session=s) for e, (text, s) in said.items()]))
     hits = {h.node_id: h.score for h in graph.search("alice", None, ["Caroline"], 10)}
     assert set(hits) == {"mem:e1", "mem:e2", "mem:e3"}
     assert hits["mem:e1"] > hits["mem:e2"] > 0

@@ -25,9 +25,8 @@ def texts(
 
 @pytest.fixture
 def history(tmp_path: Path) -> Iterator[HistoryModel]:
-    model = HistoryModel(tmp_path / "history.sqlite")
-    yield model
-    model.close()
+    with HistoryModel(tmp_path / "history.sqlite") as model:
+        yield model
 
 
 def test_messages_come_back_exactly_and_in_order(history: HistoryModel) -> None:

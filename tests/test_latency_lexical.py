@@ -104,11 +104,4 @@ def test_get_nodes_looks_nodes_up_by_id_and_keeps_owner_and_kind_filters(tmp_pat
 
 def _schema_without_id_columns() -> tantivy.Schema:
     """The lexical schema as it was before the id fast fields."""
-    builder = tantivy.SchemaBuilder()
-    for name in ("node_id", "owner", "scope", "session_id", "state"):
-        builder.add_text_field(name, stored=True, tokenizer_name="raw", index_option="basic")
-    builder.add_text_field("text", stored=True, tokenizer_name="en_stem", index_option="position")
-    builder.add_text_field("context", stored=True, tokenizer_name="en_stem", index_option="freq")
-    builder.add_text_field("speaker", stored=True, tokenizer_name="en_stem", index_option="freq")
-    builder.add_integer_field("offset", stored=True, indexed=True)
-    return builder.build()
+    return lexical._document_fields().build()

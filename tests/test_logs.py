@@ -20,7 +20,6 @@ pytestmark = pytest.mark.model
 
 OWNER = "owner-9c2e-private"
 CONTENT = "The vault combination is written on the blue card"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def prme(*args: str) -> subprocess.CompletedProcess[str]:
@@ -78,15 +77,8 @@ def test_serve_logs_one_json_line_per_request_without_owner_or_content(tmp_path:
     assert OWNER not in err and "vault" not in err and "blue card" not in err
 
 
-def test_rebuild_reports_cache_use_and_catch_up_progress(tmp_path: Path) -> None:
-    sample = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "make_sample.py")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    source = tmp_path / "sample.jsonl"
-    source.write_text(sample)
+def test_rebuild_reports_cache_use_and_catch_up_progress(tmp_path: Path, demo_sample: Path) -> None:
+    source, sample = demo_sample, demo_sample.read_text()
     data = ["--data-dir", str(tmp_path / "pack")]
     assert prme("ingest", str(source), "--quiet", *data).returncode == 0
     records = len(sample.splitlines())

@@ -50,13 +50,6 @@ async def engine(local_settings: Settings, hashed_provider: Any) -> AsyncIterato
     await engine.close()
 
 
-@pytest.fixture
-async def http(engine: MemoryEngine) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://prme") as client:
-        yield client
-
-
 async def test_writes_retrieves_and_a_rebuild_move_the_series(
     engine: MemoryEngine, http: httpx.AsyncClient
 ) -> None:

@@ -36,6 +36,17 @@ def projected_events(data_dir: Path) -> int:
     return total
 
 
+def wait_projected(
+    data_dir: Path, count: int, workers: subprocess.Popen[str], deadline: float
+) -> None:
+    """Wait until the pack holds ``count`` events, by ``deadline`` (``time.monotonic()``),
+    failing if ``workers`` exit first."""
+    while projected_events(data_dir) < count and time.monotonic() < deadline:
+        assert workers.poll() is None, workers.stderr.read() if workers.stderr else ""
+        time.sleep(0.25)
+    assert projected_events(data_dir) == count
+
+
 def two_free_ports() -> int:
     """A port P such that P and P + 1 are free on the loopback interface."""
     for _ in range(50):
@@ -100,10 +111,7 @@ async def test_two_workers_split_the_partitions_and_project_everything(
     )
     try:
         deadline = time.monotonic() + 120
-        while projected_events(data_dir) < len(owners) and time.monotonic() < deadline:
-            assert workers.poll() is None, workers.stderr.read() if workers.stderr else ""
-            time.sleep(0.25)
-        assert projected_events(data_dir) == len(owners)
+        wait_projected(data_dir, len(owners), workers, deadline)
         # Each worker serves its own series; together they applied every record, and the
         # lag gauges (refreshed every few seconds) come back to 0.
         while True:

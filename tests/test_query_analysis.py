@@ -18,13 +18,9 @@ from prme.query.temporal import date_mentions, has_time_expression, time_cue
 from prme.schemas.config import QuerySettings
 
 ON = QuerySettings()
-OFF = QuerySettings(
-    strip_stopwords=False,
-    temporal_cues=False,
-    date_match=False,
-    speaker_match=False,
-    strip_speakers=False,
-)
+SWITCHES = ("strip_stopwords", "temporal_cues", "date_match", "speaker_match", "strip_speakers")
+OFF = QuerySettings(**dict.fromkeys(SWITCHES, False))
+"""Every analysis switch off."""
 
 
 def test_strip_stopwords_keeps_content_words_only() -> None:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
+from prme.schemas import records
 from prme.schemas.codec import decode_record, encode_record, record_from_json, record_to_json
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
@@ -23,9 +24,6 @@ from prme.schemas.records import (
     HistoryReplaced,
     Message,
     MessageDeleted,
-    NodeArchived,
-    NodeRestored,
-    NodeSuperseded,
     OwnerErased,
     message_text,
 )
@@ -50,9 +48,9 @@ EVERY_KIND = [
     HistoryCleared(**ENVELOPE, session_id="s1", scope="work"),
     MessageDeleted(**ENVELOPE, target_event_id="01a22b27-0000-7000-8000-000000000002"),
     HistoryReplaced(**ENVELOPE, message_count=2),
-    NodeArchived(**ENVELOPE, node_id="mem:x", reason="stale"),
-    NodeRestored(**ENVELOPE, node_id="mem:x"),
-    NodeSuperseded(**ENVELOPE, node_id="mem:x", by_node_id="mem:y"),
+    records.NodeArchived(**ENVELOPE, node_id="mem:x", reason="stale"),
+    records.NodeRestored(**ENVELOPE, node_id="mem:x"),
+    records.NodeSuperseded(**ENVELOPE, node_id="mem:x", by_node_id="mem:y"),
     OwnerErased(**ENVELOPE),
 ]
 

@@ -35,13 +35,6 @@ async def engine(tmp_path: Path) -> AsyncIterator[MemoryEngine]:
     await engine.close()
 
 
-@pytest.fixture
-async def http(engine: MemoryEngine) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://prme") as client:
-        yield client
-
-
 def backend(engine: MemoryEngine, key: str) -> HttpMemoryBackend:
     return HttpMemoryBackend(
         "http://prme", key, timeout_s=10, transport=httpx.ASGITransport(app=create_app(engine))

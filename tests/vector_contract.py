@@ -20,18 +20,8 @@ from prme.projectors.stores.vector_base import VectorHit, VectorModelBase
 from prme.schemas.errors import EmbeddingMismatch
 from prme.schemas.records import AnyRecord, memory_node_id
 
-from .record_builders import (
-    AT,
-    archived,
-    cleared,
-    deleted,
-    erased,
-    msg,
-    projected,
-    replaced,
-    restored,
-    superseded,
-)
+from . import record_builders
+from .record_builders import AT, archived, erased, msg, projected, restored, superseded
 
 DIM = 8
 IDENTITY = EmbeddingIdentity("test-model", "1", DIM)
@@ -198,7 +188,11 @@ class VectorModelContract:
         model = make_model()
         model.apply([message(0, basis(1))])
         before = (model.count(), model.search(basis(1), "alice", None, 10))
-        controls = [cleared("c1"), deleted("c2", "e0000-alice"), replaced("c3", message_count=0)]
+        controls = [
+            record_builders.cleared("c1"),
+            record_builders.deleted("c2", "e0000-alice"),
+            record_builders.replaced("c3", message_count=0),
+        ]
         model.apply([*projected(controls, start=1), message(4, None)])
         assert (model.count(), model.search(basis(1), "alice", None, 10)) == before
         assert model.applied_offset() == 4

@@ -15,13 +15,13 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from prme.schemas.metrics import Metrics
 
+from ..stores.sqlite_base import LockedDatabase, transaction
 from .protocol import EmbeddingIdentity
 from .validation import check_identity_unchanged, check_texts, identity_of, validate_matrix
 
@@ -58,6 +58,7 @@ CREATE INDEX IF NOT EXISTS vector_owners_key ON vector_owners (identity, content
 dropped once no other owner holds them (vectors cached before this table existed have no
 owners noted and stay)."""
 _CACHE_KIB = 32 * 1024
+_PUT_VECTOR = "INSERT OR REPLACE INTO vectors (identity, content_hash, vector) VALUES (?, ?, ?)"
 
 
 def content_hash(text: str) -> str:
@@ -70,7 +71,7 @@ def as_float32(vector: Sequence[float]) -> list[float]:
     return np.asarray(vector, dtype=_FLOAT32).tolist()
 
 
-class VectorCache:
+class VectorCache(LockedDatabase):
     """SQLite file of vectors; safe to share between threads and processes."""
 
     def __init__(self, path: Path, *, timeout_s: float = 30.0) -> None:
@@ -156,18 +157,8 @@ class VectorCache:
         rows = [(key, digest, row.tobytes()) for digest, row in zip(hashes, vectors, strict=True)]
         if not rows:
             return
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO vectors (identity, content_hash, vector) "
-                    "VALUES (?, ?, ?)",
-                    rows,
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db) as cursor:
+            cursor.executemany(_PUT_VECTOR, rows)
 
     def add_owners(self, identity: EmbeddingIdentity, refs: Sequence[tuple[str, str]]) -> None:
         """Note that owner holds the text of each ``(content_hash, owner)``."""
@@ -238,25 +229,13 @@ class VectorCache:
         ``identity_key``, drop the ``deletes`` hashes, and note ``next_offset`` for ``name``."""
         rows = [(identity_key, digest, blob) for digest, blob in puts.items()]
         gone = [(identity_key, digest) for digest in deletes]
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO vectors (identity, content_hash, vector) "
-                    "VALUES (?, ?, ?)",
-                    rows,
-                )
-                self._db.executemany(
-                    "DELETE FROM vectors WHERE identity = ? AND content_hash = ?", gone
-                )
-                self._db.execute(
-                    "INSERT OR REPLACE INTO changelog_offsets (name, next_offset) VALUES (?, ?)",
-                    (name, next_offset),
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db) as cursor:
+            cursor.executemany(_PUT_VECTOR, rows)
+            cursor.executemany("DELETE FROM vectors WHERE identity = ? AND content_hash = ?", gone)
+            cursor.execute(
+                "INSERT OR REPLACE INTO changelog_offsets (name, next_offset) VALUES (?, ?)",
+                (name, next_offset),
+            )
 
     def count(self, identity: EmbeddingIdentity | Any | None = None) -> int:
         with self._lock:
@@ -267,21 +246,6 @@ class VectorCache:
                     "SELECT count(*) FROM vectors WHERE identity = ?", (identity_of(identity).key,)
                 ).fetchone()
         return int(row[0])
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def __enter__(self) -> VectorCache:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 async def embed_with_cache(

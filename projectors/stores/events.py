@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.records import AnyRecord, OwnerErased, kind_of
 
-from ..model import ModelName, ProjectedRecord
+from ..model import ProjectedRecord
 from .sqlite_base import SqliteModel, runs
 
 _SCHEMA = """
@@ -40,7 +40,6 @@ _INSERT = (
     "recorded_at, node_ids, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(event_id) DO NOTHING"
 )
-_COLUMNS = "event_id, partition, offset, kind, owner, session_id, scope, node_ids, record"
 
 
 class EventRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,9 +57,9 @@ class EventRow(msgspec.Struct, frozen=True, kw_only=True):
 class EventsModel(SqliteModel):
     """Every record of one partition (read model ``events``)."""
 
-    name: ClassVar[ModelName] = "events"
-    schema: ClassVar[str] = _SCHEMA
-    digest_queries: ClassVar[tuple[tuple[str, str], ...]] = (
+    name = "events"
+    schema = _SCHEMA
+    digest_queries = (
         (
             "events",
             "SELECT event_id, partition, offset, kind, owner, session_id, scope, recorded_at, "
@@ -117,16 +116,12 @@ class EventsModel(SqliteModel):
         return [_row(row) for row in rows]
 
 
+_COLUMNS = ", ".join(EventRow.__struct_fields__)
+"""The ``events`` columns an :class:`EventRow` is read from, in its field order."""
+
+
 def _row(row: tuple[Any, ...]) -> EventRow:
-    event_id, partition, offset, kind, owner, session_id, scope, node_ids, data = row
-    return EventRow(
-        event_id=event_id,
-        partition=partition,
-        offset=offset,
-        kind=kind,
-        owner=owner,
-        session_id=session_id,
-        scope=scope,
-        node_ids=json.loads(node_ids),
-        record=decode_record(data),
-    )
+    fields = dict(zip(EventRow.__struct_fields__, row, strict=True))
+    fields["node_ids"] = json.loads(fields["node_ids"])
+    fields["record"] = decode_record(fields["record"])
+    return EventRow(**fields)

@@ -29,7 +29,7 @@ import sqlite3
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -42,7 +42,7 @@ from prme.schemas.records import (
 )
 
 from ..entities import normalise_entity
-from ..model import MemoryNode, ModelName, NodeState, ProjectedRecord
+from ..model import MemoryNode, NodeState, ProjectedRecord
 from .sqlite_base import SqliteModel, runs
 
 EdgeKind = Literal["derived_from", "mentions", "part_of", "supersedes", "next"]
@@ -60,15 +60,15 @@ class StoredNode(MemoryNode, frozen=True, kw_only=True):
     state: NodeState = "active"
 
 
-class GraphHit(msgspec.Struct, frozen=True):
-    node_id: str
-    score: float
-
-
 class Edge(msgspec.Struct, frozen=True):
     src: str
     dst: str
     kind: EdgeKind
+
+
+class GraphHit(msgspec.Struct, frozen=True):
+    node_id: str
+    score: float
 
 
 def entity_node_id(owner: str, name: str) -> str:
@@ -121,9 +121,9 @@ _NODE_COLUMNS = (
 class GraphModel(SqliteModel):
     """Nodes and edges of one shard (read model ``graph``)."""
 
-    name: ClassVar[ModelName] = "graph"
-    schema: ClassVar[str] = _SCHEMA
-    digest_queries: ClassVar[tuple[tuple[str, str], ...]] = (
+    name = "graph"
+    schema = _SCHEMA
+    digest_queries = (
         (
             "nodes",
             "SELECT node_id, owner, kind, scope, session_id, node_type, state, text, speaker, "
@@ -289,16 +289,22 @@ class _Search:
     def _mentioning(self, weights: dict[str, float]) -> dict[str, float]:
         if not weights:
             return {}
-        marks = ",".join("?" * len(weights))
-        rows = self._db.execute(
-            "SELECT e.src, e.dst FROM edges e CROSS JOIN nodes n ON n.node_id = e.src "
-            f"WHERE e.kind = 'mentions' AND e.dst IN ({marks}) AND {self._filter}",
-            [*weights, *self._params],
-        ).fetchall()
         scores: dict[str, float] = defaultdict(float)
-        for node_id, entity in rows:
+        for entity, node_id in self._edges_from(list(weights), "mentions", "dst", "src"):
             scores[node_id] += weights[entity]
         return scores
+
+    def _edges_from(
+        self, ids: list[str], kind: EdgeKind, end: str, other: str
+    ) -> list[tuple[str, str]]:
+        """``(id, node)`` for each ``kind`` edge whose ``end`` column is one of ``ids`` and
+        whose ``other`` column is a node the filter admits."""
+        marks = ",".join("?" * len(ids))
+        return self._db.execute(
+            f"SELECT e.{end}, e.{other} FROM edges e CROSS JOIN nodes n ON n.node_id = e.{other} "
+            f"WHERE e.kind = '{kind}' AND e.{end} IN ({marks}) AND {self._filter}",
+            [*ids, *self._params],
+        ).fetchall()
 
     def _co_mentioned(self, sources: list[str], query_ids: list[str], hub: float) -> dict[str, int]:
         """The entities most often mentioned together with ``sources`` (hubs left out)."""
@@ -325,17 +331,8 @@ class _Search:
         ids = list(direct)
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(
-                "SELECT e.src, e.dst FROM edges e CROSS JOIN nodes n ON n.node_id = e.dst "
-                f"WHERE e.src IN ({marks}) AND e.kind = 'next' AND {self._filter}",
-                [*chunk, *self._params],
-            ).fetchall()
-            rows += self._db.execute(
-                "SELECT e.dst, e.src FROM edges e CROSS JOIN nodes n ON n.node_id = e.src "
-                f"WHERE e.dst IN ({marks}) AND e.kind = 'next' AND {self._filter}",
-                [*chunk, *self._params],
-            ).fetchall()
+            rows = self._edges_from(chunk, "next", "src", "dst")
+            rows += self._edges_from(chunk, "next", "dst", "src")
             for hit, other in rows:
                 best[other] = max(best[other], direct[hit])
         return best
@@ -345,32 +342,39 @@ def _idf(df: int, total: int) -> float:
     return math.log(1.0 + max(total - df + 0.5, 0.5) / (df + 0.5))
 
 
+_UPSERT_NODE = (
+    "INSERT INTO nodes (node_id, owner, kind, scope, session_id, node_type, state, text, "
+    "speaker, role, event_id, recorded_at, occurred_at, content_hash, entities, seq) "
+    "VALUES (?, ?, 'memory', ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT(node_id) DO UPDATE SET node_type = excluded.node_type, "
+    "text = excluded.text, speaker = excluded.speaker, role = excluded.role, "
+    "content_hash = excluded.content_hash, entities = excluded.entities"
+)
+
+
+def _node_row(node: MemoryNode, seq: int) -> tuple[Any, ...]:
+    """The ``nodes`` row of a memory node, in the column order of its INSERT."""
+    return (
+        node.node_id,
+        node.owner,
+        node.scope,
+        node.session_id,
+        node.node_type,
+        node.text,
+        node.speaker,
+        node.role,
+        node.event_id,
+        node.recorded_at.isoformat(),
+        node.occurred_at.isoformat() if node.occurred_at else None,
+        node.content_hash,
+        json.dumps(node.entities),
+        seq,
+    )
+
+
 def _add_memory_node(cursor: sqlite3.Cursor, node: MemoryNode, seq: int) -> None:
     owner = node.owner
-    cursor.execute(
-        "INSERT INTO nodes (node_id, owner, kind, scope, session_id, node_type, state, text, "
-        "speaker, role, event_id, recorded_at, occurred_at, content_hash, entities, seq) "
-        "VALUES (?, ?, 'memory', ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT(node_id) DO UPDATE SET node_type = excluded.node_type, "
-        "text = excluded.text, speaker = excluded.speaker, role = excluded.role, "
-        "content_hash = excluded.content_hash, entities = excluded.entities",
-        (
-            node.node_id,
-            owner,
-            node.scope,
-            node.session_id,
-            node.node_type,
-            node.text,
-            node.speaker,
-            node.role,
-            node.event_id,
-            node.recorded_at.isoformat(),
-            node.occurred_at.isoformat() if node.occurred_at else None,
-            node.content_hash,
-            json.dumps(node.entities),
-            seq,
-        ),
-    )
+    cursor.execute(_UPSERT_NODE, _node_row(node, seq))
     _add_edge(cursor, node.node_id, node.event_id, "derived_from", owner)
     session_id = session_node_id(owner, node.scope, node.session_id)
     cursor.execute(
@@ -400,14 +404,6 @@ def _adds_node(item: ProjectedRecord) -> bool:
     return isinstance(item.record, Message) and item.node is not None
 
 
-_UPSERT_NODE = (
-    "INSERT INTO nodes (node_id, owner, kind, scope, session_id, node_type, state, text, "
-    "speaker, role, event_id, recorded_at, occurred_at, content_hash, entities, seq) "
-    "VALUES (?, ?, 'memory', ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT(node_id) DO UPDATE SET node_type = excluded.node_type, "
-    "text = excluded.text, speaker = excluded.speaker, role = excluded.role, "
-    "content_hash = excluded.content_hash, entities = excluded.entities"
-)
 _INSERT_EDGE = "INSERT OR IGNORE INTO edges (src, dst, kind, owner) VALUES (?, ?, ?, ?)"
 
 
@@ -448,24 +444,7 @@ def _add_memory_nodes(cursor: sqlite3.Cursor, run: list[ProjectedRecord]) -> Non
     nexts: list[tuple[str, str, str, str]] = []
     for node, seq in nodes:
         owner = node.owner
-        node_rows.append(
-            (
-                node.node_id,
-                owner,
-                node.scope,
-                node.session_id,
-                node.node_type,
-                node.text,
-                node.speaker,
-                node.role,
-                node.event_id,
-                node.recorded_at.isoformat(),
-                node.occurred_at.isoformat() if node.occurred_at else None,
-                node.content_hash,
-                json.dumps(node.entities),
-                seq,
-            )
-        )
+        node_rows.append(_node_row(node, seq))
         edges.append((node.node_id, node.event_id, "derived_from", owner))
         session_id = session_node_id(owner, node.scope, node.session_id)
         sessions.setdefault(session_id, (session_id, owner, node.scope, node.session_id))

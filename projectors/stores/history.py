@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.records import (
@@ -23,7 +23,7 @@ from prme.schemas.records import (
     OwnerErased,
 )
 
-from ..model import ModelName, ProjectedRecord
+from ..model import ProjectedRecord
 from .sqlite_base import SqliteModel, runs
 
 _SCHEMA = """
@@ -44,9 +44,9 @@ CREATE INDEX IF NOT EXISTS entries_history ON entries (owner, session_id, scope,
 class HistoryModel(SqliteModel):
     """Chat histories of one shard (read model ``history``)."""
 
-    name: ClassVar[ModelName] = "history"
-    schema: ClassVar[str] = _SCHEMA
-    digest_queries: ClassVar[tuple[tuple[str, str], ...]] = (
+    name = "history"
+    schema = _SCHEMA
+    digest_queries = (
         (
             "entries",
             "SELECT event_id, owner, session_id, scope, seq, kind, deleted, record "

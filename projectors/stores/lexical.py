@@ -22,14 +22,14 @@ import hashlib
 import re
 import uuid
 from pathlib import Path
-from types import TracebackType
-from typing import Final
+from typing import Any, Final, Self
 
 import msgspec
 import tantivy
 from tantivy import Occur, Query
 
 from prme.projectors.model import ModelName, NodeState, ProjectedRecord
+from prme.schemas import records
 from prme.schemas.config import LexicalSettings
 from prme.schemas.errors import PRMEError
 from prme.schemas.records import (
@@ -37,9 +37,6 @@ from prme.schemas.records import (
     HistoryReplaced,
     Message,
     MessageDeleted,
-    NodeArchived,
-    NodeRestored,
-    NodeSuperseded,
     OwnerErased,
     memory_node_id,
 )
@@ -61,9 +58,9 @@ _ID_LOW: Final = "node_id_low"
 _NODE_PREFIX: Final = "mem:"
 _TERM = re.compile(r"[^\W_]+")
 _STATES: Final[dict[type, NodeState]] = {
-    NodeArchived: "archived",
-    NodeRestored: "active",
-    NodeSuperseded: "superseded",
+    records.NodeArchived: "archived",
+    records.NodeRestored: "active",
+    records.NodeSuperseded: "superseded",
 }
 
 
@@ -73,6 +70,16 @@ class LexicalHit(msgspec.Struct, frozen=True):
 
 
 def _schema() -> tantivy.Schema:
+    builder = _document_fields()
+    # A memory node id (``mem:<uuid>``) as two signed 64-bit fast fields: a search reads a
+    # hit's id from these columns instead of decompressing its stored document.
+    builder.add_integer_field(_ID_HIGH, fast=True)
+    builder.add_integer_field(_ID_LOW, fast=True)
+    return builder.build()
+
+
+def _document_fields() -> tantivy.SchemaBuilder:
+    """A schema builder holding the document fields (every field but the id columns)."""
     builder = tantivy.SchemaBuilder()
     for name in ("node_id", "owner", "scope", "session_id", "state"):
         builder.add_text_field(name, stored=True, tokenizer_name="raw", index_option="basic")
@@ -80,11 +87,14 @@ def _schema() -> tantivy.Schema:
     builder.add_text_field("context", stored=True, tokenizer_name="en_stem", index_option="freq")
     builder.add_text_field("speaker", stored=True, tokenizer_name="en_stem", index_option="freq")
     builder.add_integer_field("offset", stored=True, indexed=True)
-    # A memory node id (``mem:<uuid>``) as two signed 64-bit fast fields: a search reads a
-    # hit's id from these columns instead of decompressing its stored document.
-    builder.add_integer_field(_ID_HIGH, fast=True)
-    builder.add_integer_field(_ID_LOW, fast=True)
-    return builder.build()
+    return builder
+
+
+def document_fields(document: LexicalDocument, *, fast_ids: bool = True) -> dict[str, Any]:
+    """The index fields of ``document``: every field of it and, with ``fast_ids``, the id
+    columns."""
+    ids = _id_columns(document.node_id) if fast_ids else {}
+    return {**ids, **msgspec.structs.asdict(document)}
 
 
 def _id_columns(node_id: str) -> dict[str, int]:
@@ -192,18 +202,18 @@ class LexicalModel:
 
     def apply(self, batch: list[ProjectedRecord]) -> None:
         """Apply the records past :meth:`applied_offset`, then commit them with the offset."""
-        records = [item for item in batch if item.offset > self._offset]
-        if not records:
+        items = [item for item in batch if item.offset > self._offset]
+        if not items:
             return
         writer = self._require_writer()
         try:
-            changed, points, erased, fresh = self._update_windows(records)
+            changed, points, erased, fresh = self._update_windows(items)
             documents = sorted(self._windows.documents_for(changed, points).items())
             self._windows.commit()
         except BaseException:
             self._windows.rollback()
             raise
-        last = max(item.offset for item in records)
+        last = max(item.offset for item in items)
         try:
             for owner in erased:
                 writer.delete_documents_by_term("owner", owner)
@@ -225,7 +235,7 @@ class LexicalModel:
         self._speakers.clear()
 
     def _update_windows(
-        self, records: list[ProjectedRecord]
+        self, items: list[ProjectedRecord]
     ) -> tuple[set[str], list[SequencePoint], list[str], set[str]]:
         """Apply the records to the sidecar; returns the nodes changed, the sequence points
         changed, the owners erased and the nodes whose rows this batch created."""
@@ -234,7 +244,7 @@ class LexicalModel:
         points: list[SequencePoint] = []
         erased: list[str] = []
         windows = self._windows
-        for item in records:
+        for item in items:
             record = item.record
             if isinstance(record, Message):
                 if item.node is not None:
@@ -253,7 +263,9 @@ class LexicalModel:
                 if removed is not None:
                     points.append(removed)
                     changed.add(node_id)
-            elif isinstance(record, NodeArchived | NodeRestored | NodeSuperseded):
+            elif isinstance(
+                record, records.NodeArchived | records.NodeRestored | records.NodeSuperseded
+            ):
                 if windows.set_state(record.owner, record.node_id, _STATES[type(record)]):
                     changed.add(record.node_id)
             elif isinstance(record, OwnerErased):
@@ -262,18 +274,7 @@ class LexicalModel:
         return changed, points, erased, fresh
 
     def _document(self, document: LexicalDocument) -> tantivy.Document:
-        ids = _id_columns(document.node_id) if self._fast_ids else {}
-        return tantivy.Document(
-            **ids,
-            node_id=document.node_id,
-            owner=document.owner,
-            scope=document.scope,
-            session_id=document.session_id,
-            state=document.state,
-            text=document.text,
-            context=document.context,
-            speaker=document.speaker,
-        )
+        return tantivy.Document(**document_fields(document, fast_ids=self._fast_ids))
 
     def search(
         self,
@@ -389,13 +390,8 @@ class LexicalModel:
         writer.wait_merging_threads()
         self._windows.close()
 
-    def __enter__(self) -> LexicalModel:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -173,21 +172,24 @@ class WindowStore:
         """
         found: set[str] = set()
         for point in set(points):
-            key = (point.owner, point.session_id, point.scope, point.offset)
-            found.update(self._live_ids(key, "<", "DESC", self._after))
-            found.update(self._live_ids(key, ">", "ASC", self._before))
+            key = (point.owner, point.session_id, point.scope)
+            found.update(self._live_near(key, point.offset, "<", self._after, "node_id"))
+            found.update(self._live_near(key, point.offset, ">", self._before, "node_id"))
         return found
 
-    def _live_ids(
-        self, key: tuple[str, str, str, int], comparison: str, order: str, limit: int
-    ) -> list[str]:
+    def _live_near(
+        self, key: tuple[str, str, str], offset: int, comparison: str, limit: int, column: str
+    ) -> list[Any]:
+        """``column`` of the ``limit`` live messages nearest ``offset`` on the
+        ``comparison`` side of it (``"<"``: before it, ``">"``: after it), nearest first."""
         if limit == 0:
             return []
+        order = "DESC" if comparison == "<" else "ASC"
         rows = self._db.execute(
-            "SELECT node_id FROM messages WHERE owner = ? AND session_id = ? AND scope = ?"
+            f"SELECT {column} FROM messages WHERE owner = ? AND session_id = ? AND scope = ?"
             f" AND removed = 0 AND log_offset {comparison} ? ORDER BY log_offset {order}"
             " LIMIT ?",
-            (*key, limit),
+            (*key, offset, limit),
         ).fetchall()
         return [row[0] for row in rows]
 
@@ -202,16 +204,7 @@ class WindowStore:
             return None
         owner, session_id, scope, offset, text, speaker, state, removed = row
         context = "" if removed else self._context(owner, session_id, scope, offset)
-        return LexicalDocument(
-            node_id=node_id,
-            owner=owner,
-            scope=scope,
-            session_id=session_id,
-            state=state,
-            text=text,
-            context=context,
-            speaker=speaker,
-        )
+        return _document(node_id, (owner, session_id, scope), text, speaker, state, context)
 
     def _context(self, owner: str, session_id: str, scope: str, offset: int) -> str:
         key = (owner, session_id, scope)
@@ -225,24 +218,24 @@ class WindowStore:
         ).fetchone()
         low = -1 if low is None else low
         high = _MAX_OFFSET if high is None else high
-        texts: list[str] = []
-        if self._before:
-            before = self._db.execute(
-                "SELECT text FROM messages WHERE owner = ? AND session_id = ? AND scope = ?"
-                " AND removed = 0 AND log_offset > ? AND log_offset < ?"
-                " ORDER BY log_offset DESC LIMIT ?",
-                (*key, low, offset, self._before),
-            ).fetchall()
-            texts.extend(row[0] for row in reversed(before))
-        if self._after:
-            after = self._db.execute(
-                "SELECT text FROM messages WHERE owner = ? AND session_id = ? AND scope = ?"
-                " AND removed = 0 AND log_offset > ? AND log_offset < ?"
-                " ORDER BY log_offset ASC LIMIT ?",
-                (*key, offset, high, self._after),
-            ).fetchall()
-            texts.extend(row[0] for row in after)
-        return "\n".join(texts)
+        before = self._live_texts(key, low, offset, "DESC", self._before)
+        after = self._live_texts(key, offset, high, "ASC", self._after)
+        return "\n".join([*reversed(before), *after])
+
+    def _live_texts(
+        self, key: tuple[str, str, str], low: int, high: int, order: str, limit: int
+    ) -> list[str]:
+        """Texts of at most ``limit`` live messages strictly between ``low`` and ``high``,
+        taken from the ``ASC`` (low) or ``DESC`` (high) end."""
+        if limit == 0:
+            return []
+        rows = self._db.execute(
+            "SELECT text FROM messages WHERE owner = ? AND session_id = ? AND scope = ?"
+            f" AND removed = 0 AND log_offset > ? AND log_offset < ? ORDER BY log_offset {order}"
+            " LIMIT ?",
+            (*key, low, high, limit),
+        ).fetchall()
+        return [row[0] for row in rows]
 
     def documents_for(
         self, changed: set[str], points: list[SequencePoint]
@@ -277,16 +270,7 @@ class WindowStore:
             key = (owner, session_id, scope)
             anchors.setdefault(key, set()).add(offset)
             if removed:
-                found[node_id] = LexicalDocument(
-                    node_id=node_id,
-                    owner=owner,
-                    scope=scope,
-                    session_id=session_id,
-                    state=state,
-                    text=text,
-                    context="",
-                    speaker=speaker,
-                )
+                found[node_id] = _document(node_id, key, text, speaker, state, "")
         for key, offsets in anchors.items():
             for cluster in _clusters(sorted(offsets)):
                 self._documents_in(key, cluster, wanted.get(key, set()), rows, found)
@@ -315,8 +299,8 @@ class WindowStore:
         found: dict[str, LexicalDocument | None],
     ) -> None:
         reach = self._before + self._after
-        low = self._edge(key, cluster[0], "<", "DESC", reach, min)
-        high = self._edge(key, cluster[-1], ">", "ASC", reach, max)
+        low = min([cluster[0], *self._live_near(key, cluster[0], "<", reach, "log_offset")])
+        high = max([cluster[-1], *self._live_near(key, cluster[-1], ">", reach, "log_offset")])
         live = self._db.execute(
             "SELECT node_id, log_offset, text, speaker, state FROM messages WHERE owner = ?"
             " AND session_id = ? AND scope = ? AND removed = 0 AND log_offset BETWEEN ? AND ?"
@@ -344,7 +328,6 @@ class WindowStore:
             after_point = at + 1 if at < len(offsets) and offsets[at] == point else at
             dirty.update(row[0] for row in live[max(at - self._after, 0) : at])
             dirty.update(row[0] for row in live[after_point : after_point + self._before])
-        owner, session_id, scope = key
         for node_id in dirty:
             index = position[node_id]
             offset = offsets[index]
@@ -361,36 +344,7 @@ class WindowStore:
                     row[2] for row in live[index + 1 : index + 1 + self._after] if row[1] < ceiling
                 )
             _, _, text, speaker, state = live[index]
-            found[node_id] = LexicalDocument(
-                node_id=node_id,
-                owner=owner,
-                scope=scope,
-                session_id=session_id,
-                state=state,
-                text=text,
-                context="\n".join(texts),
-                speaker=speaker,
-            )
-
-    def _edge(
-        self,
-        key: tuple[str, str, str],
-        offset: int,
-        comparison: str,
-        order: str,
-        reach: int,
-        pick: Callable[[list[int]], int],
-    ) -> int:
-        """The offset ``reach`` live messages beyond ``offset`` (or the farthest there is)."""
-        if reach == 0:
-            return offset
-        rows = self._db.execute(
-            "SELECT log_offset FROM messages WHERE owner = ? AND session_id = ? AND scope = ?"
-            f" AND removed = 0 AND log_offset {comparison} ? ORDER BY log_offset {order}"
-            " LIMIT ?",
-            (*key, offset, reach),
-        ).fetchall()
-        return pick([offset, *(row[0] for row in rows)])
+            found[node_id] = _document(node_id, key, text, speaker, state, "\n".join(texts))
 
     def close(self) -> None:
         self.rollback()
@@ -410,3 +364,19 @@ def _clusters(offsets: list[int]) -> list[list[int]]:
         else:
             clusters.append([offset])
     return clusters
+
+
+def _document(
+    node_id: str, key: tuple[str, str, str], text: str, speaker: str, state: str, context: str
+) -> LexicalDocument:
+    owner, session_id, scope = key
+    return LexicalDocument(
+        node_id=node_id,
+        owner=owner,
+        scope=scope,
+        session_id=session_id,
+        state=state,
+        text=text,
+        context=context,
+        speaker=speaker,
+    )

@@ -12,7 +12,7 @@ import hashlib
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -90,7 +90,25 @@ def digest_rows(connection: sqlite3.Connection, queries: Sequence[tuple[str, str
     return digest.hexdigest()
 
 
-class SqliteModel:
+class LockedDatabase:
+    """A SQLite connection (``_db``) that every use takes ``_lock`` for; closed by
+    ``close()`` or at the end of a ``with`` block."""
+
+    _db: sqlite3.Connection
+    _lock: AbstractContextManager[Any]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SqliteModel(LockedDatabase):
     """Base of a read model in one SQLite file: subclasses give the schema, the digest
     queries and how one record is applied."""
 
@@ -145,16 +163,6 @@ class SqliteModel:
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._db.execute(sql, params).fetchall()
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def runs(
