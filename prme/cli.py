@@ -307,6 +307,7 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
 def _project_command(args: argparse.Namespace) -> int:
     from prme.logs import configure
     from prme.query.data_lock import DataDirLock
+    from prme.query.processes import forward_signals
     from prme.schemas.errors import DataDirInUse
 
     configure(args.log_format, tag=f"prme project[{os.getpid()}]")
@@ -343,20 +344,7 @@ def _project_command(args: argparse.Namespace) -> int:
         subprocess.Popen(command + ([] if port is None else ["--metrics-port", str(port)]))
         for port in ports
     ]
-    forwarded = False
-
-    def forward(signum: int, frame: object) -> None:
-        # Ctrl-C reaches the workers through the process group as well; one SIGTERM each
-        # covers a signal sent to this process alone. Workers stop on the first signal.
-        nonlocal forwarded
-        if not forwarded:
-            forwarded = True
-            for worker in workers:
-                if worker.poll() is None:
-                    worker.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
+    forward_signals(workers)
     try:
         return max(worker.wait() for worker in workers)
     finally:

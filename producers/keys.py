@@ -20,12 +20,12 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from prme.schemas.errors import TransportError
 from prme.schemas.sealing import DataKey, KeyRef, new_data_key
+
+from .sqlite_thread import SqliteThread
 
 WRITE_TTL_S = 60.0
 """How long a process seals with a key before reading the store again."""
@@ -146,25 +146,23 @@ CREATE TABLE IF NOT EXISTS data_keys (
 """
 
 
-class LocalKeyStore(CachingKeyStore):
+class LocalKeyStore(SqliteThread, CachingKeyStore):
     """Keys in a SQLite file (WAL, ``secure_delete`` on: a deleted key is overwritten,
     and the WAL is checkpointed and truncated after each erasure)."""
 
+    _what = "the key store"
+
     def __init__(self, path: Path, *, write_ttl_s: float = WRITE_TTL_S) -> None:
-        super().__init__(write_ttl_s=write_ttl_s)
+        SqliteThread.__init__(self)
+        CachingKeyStore.__init__(self, write_ttl_s=write_ttl_s)
         self._path = Path(path)
-        self._db: sqlite3.Connection | None = None
-        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def path(self) -> Path:
         return self._path
 
     async def start(self) -> None:
-        if self._executor is not None:
-            return
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prme-keys")
-        await self._run(self._open)
+        await self._start_thread("prme-keys")
 
     def _open(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,35 +172,13 @@ class LocalKeyStore(CachingKeyStore):
         db.execute("PRAGMA secure_delete=ON")
         db.execute("PRAGMA busy_timeout=30000")
         db.executescript(_SCHEMA)
-        self._db = db
-
-    async def close(self) -> None:
-        if self._executor is None:
-            return
-        await self._run(self._close)
-        self._executor.shutdown(wait=True)
-        self._executor = None
-
-    def _close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-
-    async def _run(self, function: Any, *args: Any) -> Any:
-        if self._executor is None:
-            raise TransportError("the key store is not started")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
-
-    def _require(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise TransportError("the key store is not started")
-        return self._db
+        self._connection = db
 
     async def _load(self, owners: list[str]) -> dict[str, dict[str, bytes]]:
         return await self._run(self._select, owners)  # type: ignore[no-any-return]
 
     def _select(self, owners: list[str]) -> dict[str, dict[str, bytes]]:
-        db = self._require()
+        db = self._require_connection()
         found: dict[str, dict[str, bytes]] = {}
         for start in range(0, len(owners), 500):
             chunk = owners[start : start + 500]
@@ -218,7 +194,7 @@ class LocalKeyStore(CachingKeyStore):
         return await self._run(self._insert, owners)  # type: ignore[no-any-return]
 
     def _insert(self, owners: list[str]) -> dict[str, DataKey]:
-        db = self._require()
+        db = self._require_connection()
         created: dict[str, DataKey] = {}
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -241,7 +217,7 @@ class LocalKeyStore(CachingKeyStore):
         await self._run(self._delete_rows, owner)
 
     def _delete_rows(self, owner: str) -> None:
-        db = self._require()
+        db = self._require_connection()
         db.execute("BEGIN IMMEDIATE")
         try:
             db.execute("DELETE FROM data_keys WHERE owner = ?", (owner,))

@@ -12,7 +12,6 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +19,7 @@ from prme.schemas.cluster import static_map
 from prme.schemas.errors import ConfigurationError, TransportError
 
 from .partitioner import Partitioner
+from .sqlite_thread import SqliteThread
 from .transport import LogEntry, LogItem, Membership, PartitionsCallback, Position
 
 T = TypeVar("T")
@@ -45,17 +45,18 @@ _POLL_INTERVAL_S = 0.05
 """How often a local consumer re-reads the file for appends made by another process."""
 
 
-class LocalLogTransport:
+class LocalLogTransport(SqliteThread):
     """A durable partitioned log in ``path`` (a SQLite file)."""
+
+    _what = "the local log"
 
     def __init__(self, path: Path | str, partitions: int = 12) -> None:
         if partitions <= 0:
             raise ConfigurationError("partitions must be positive")
+        super().__init__()
         self._path = Path(path)
         self._partitions = partitions
         self._partitioner = Partitioner(partitions)
-        self._executor: ThreadPoolExecutor | None = None
-        self._connection: sqlite3.Connection | None = None
         self._appended: asyncio.Condition | None = None
         self._appends = 0
         """How many appends this process made: a poller waits for it to move."""
@@ -75,11 +76,9 @@ class LocalLogTransport:
         return self._path
 
     async def start(self) -> None:
-        if self._executor is not None:
-            return
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prme-local-log")
-        self._appended = asyncio.Condition()
-        await self._run(self._open)
+        if self._executor is None:
+            self._appended = asyncio.Condition()
+        await self._start_thread("prme-local-log")
 
     def _open(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,23 +105,6 @@ class LocalLogTransport:
             connection.close()
             raise
         self._connection = connection
-
-    async def close(self) -> None:
-        if self._executor is None:
-            return
-        await self._run(self._close_connection)
-        self._executor.shutdown(wait=True)
-        self._executor = None
-
-    def _close_connection(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-    async def _run(self, function: Any, *args: Any) -> Any:
-        if self._executor is None:
-            raise TransportError("the local log is not started")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
     def partition_for(self, key: bytes) -> int:
         return self._partitioner(key)
@@ -235,11 +217,6 @@ class LocalLogTransport:
     def _check_partition(self, partition: int) -> None:
         if not 0 <= partition < self._partitions:
             raise TransportError(f"partition {partition} is not in 0..{self._partitions - 1}")
-
-    def _require_connection(self) -> sqlite3.Connection:
-        if self._connection is None:
-            raise TransportError("the local log is not started")
-        return self._connection
 
 
 class LocalLogConsumer:

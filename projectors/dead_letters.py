@@ -10,6 +10,7 @@ import msgspec
 
 from prme.producers.factory import open_dead_letters
 from prme.producers.transport import LogItem, LogTransport
+from prme.schemas.config import Settings
 
 
 class DeadLetter(msgspec.Struct, frozen=True):
@@ -23,7 +24,13 @@ class DeadLetter(msgspec.Struct, frozen=True):
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(DeadLetter)
 
-__all__ = ["DeadLetter", "open_dead_letters", "read_dead_letters", "send_dead_letter"]
+__all__ = [
+    "DeadLetter",
+    "dead_letters_of",
+    "open_dead_letters",
+    "read_dead_letters",
+    "send_dead_letter",
+]
 
 
 async def send_dead_letter(transport: LogTransport, letter: DeadLetter) -> None:
@@ -37,3 +44,13 @@ async def read_dead_letters(transport: LogTransport) -> list[DeadLetter]:
         letters.extend(_decoder.decode(e.value) for e in entries)
         offset = entries[-1].offset + 1
     return letters
+
+
+async def dead_letters_of(settings: Settings) -> list[DeadLetter]:
+    """Every dead letter of the log ``settings`` name (opens and closes its own transport)."""
+    transport = open_dead_letters(settings)
+    await transport.start()
+    try:
+        return await read_dead_letters(transport)
+    finally:
+        await transport.close()

@@ -492,25 +492,28 @@ class ProjectorRunner:
         reported = started
         if first:
             _log.info("catching up: %d records to apply in partitions %s", first, sorted(behind()))
-        async with self._progress:
-            while (lagging := behind()) and self._failure is None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise ConsistencyTimeout(
-                        f"partitions {sorted(lagging)} have not caught up within "
-                        f"{timeout_s:.1f}s ({sum(lagging.values())} records behind)"
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._progress.wait(), min(remaining, PROGRESS_EVERY_S))
-                if time.monotonic() - reported >= PROGRESS_EVERY_S and (lagging := behind()):
-                    reported = time.monotonic()
-                    left = sum(lagging.values())
-                    _log.info(
-                        "catching up: %d records behind in partitions %s (%.0f records/s)",
-                        left,
-                        sorted(lagging),
-                        (first - left) / (reported - started),
-                    )
+
+        def report() -> None:
+            nonlocal reported
+            if time.monotonic() - reported >= PROGRESS_EVERY_S and (lagging := behind()):
+                reported = time.monotonic()
+                left = sum(lagging.values())
+                _log.info(
+                    "catching up: %d records behind in partitions %s (%.0f records/s)",
+                    left,
+                    sorted(lagging),
+                    (first - left) / (reported - started),
+                )
+
+        def done() -> bool:
+            return not behind() or self._failure is not None
+
+        if not await self._until(done, deadline, tick=PROGRESS_EVERY_S, on_tick=report):
+            lagging = behind()
+            raise ConsistencyTimeout(
+                f"partitions {sorted(lagging)} have not caught up within "
+                f"{timeout_s:.1f}s ({sum(lagging.values())} records behind)"
+            )
         if self._failure is not None:
             raise ShardUnavailable(f"the projector stopped: {self._failure!r}") from self._failure
         if first:
@@ -521,6 +524,30 @@ class ProjectorRunner:
                 elapsed,
                 first / max(elapsed, 1e-9),
             )
+
+    async def _until(
+        self,
+        done: Callable[[], bool],
+        deadline: float,
+        *,
+        tick: float | None = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> bool:
+        """Wait on progress until ``done()`` (True) or the loop time ``deadline`` (False);
+        with ``tick``, ``on_tick`` runs at least that often meanwhile."""
+        loop = asyncio.get_running_loop()
+        async with self._progress:
+            while not done():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._progress.wait(), remaining if tick is None else min(remaining, tick)
+                    )
+                if on_tick is not None:
+                    on_tick()
+        return True
 
     async def wait_changed(self, timeout_s: float) -> None:
         """Return after the next progress, assignment or map change (or ``timeout_s``)."""
@@ -547,16 +574,14 @@ class ProjectorRunner:
     async def wait_serving(self, partition: int, timeout_s: float) -> bool:
         """Wait until ``partition`` is served here; False if it is not assigned here (or
         stops being) or the deadline passes first."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        async with self._progress:
-            while not self.serving(partition):
-                remaining = deadline - loop.time()
-                if partition not in self._targets or remaining <= 0 or self._failure:
-                    return False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._progress.wait(), remaining)
-        return True
+        deadline = asyncio.get_running_loop().time() + timeout_s
+
+        def settled() -> bool:
+            lost = partition not in self._targets or self._failure is not None
+            return lost or self.serving(partition)
+
+        await self._until(settled, deadline)
+        return self.serving(partition)
 
     # -- read-your-writes --------------------------------------------------------------
 
@@ -575,22 +600,16 @@ class ProjectorRunner:
         Kafka transactions leave offset gaps (commit markers), so "applied" means the
         shard's position reached or passed ``offset``.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout_s
 
         def reached() -> bool:
             return self._failure is not None or self._reached(partition, offset)
 
-        async with self._progress:
-            while not reached():
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise ConsistencyTimeout(
-                        f"partition {partition} has not applied offset {offset} within "
-                        f"{timeout_s:.1f}s (applied: {self.applied_offset(partition)})"
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._progress.wait(), remaining)
+        if not await self._until(reached, deadline):
+            raise ConsistencyTimeout(
+                f"partition {partition} has not applied offset {offset} within "
+                f"{timeout_s:.1f}s (applied: {self.applied_offset(partition)})"
+            )
         if self._failure is not None:
             raise ShardUnavailable(f"the projector stopped: {self._failure!r}") from self._failure
 

@@ -65,7 +65,7 @@ def serve_processes(settings: Settings, processes: int, options: Sequence[str]) 
             file=sys.stderr,
             flush=True,
         )
-        _forward_signals(children)
+        forward_signals(children)
         codes = [child.wait() for child in children]
         # A child stopped by the signal it was forwarded ends by that signal (uvicorn
         # re-raises it after shutting down): a clean stop, not a failure.
@@ -100,7 +100,8 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _forward_signals(children: list[subprocess.Popen[bytes]]) -> None:
+def forward_signals(children: list[subprocess.Popen[bytes]]) -> None:
+    """This process's first SIGINT or SIGTERM becomes one SIGTERM to each child."""
     forwarded = False
 
     def forward(signum: int, frame: object) -> None:

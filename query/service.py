@@ -155,6 +155,19 @@ UserId = Annotated[
 Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]
 
 
+def protected_post(path: str, body: type[msgspec.Struct], summary: str, **options: Any) -> Any:
+    """``@post`` for a route behind a key whose body is ``body``, decoded strictly, with
+    every error it can answer in the OpenAPI document."""
+    return post(
+        path,
+        dto=StrictBody[body],  # type: ignore[valid-type]
+        return_dto=None,
+        summary=summary,
+        responses=PROTECTED_ERRORS,
+        **options,
+    )
+
+
 # -- open routes ----------------------------------------------------------------------
 
 
@@ -196,24 +209,14 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
 # -- writes ---------------------------------------------------------------------------
 
 
-@post(
-    "/memories",
-    dto=StrictBody[StoreRequest],
-    return_dto=None,
-    summary="Store one memory",
-    responses=PROTECTED_ERRORS,
-)
+@protected_post("/memories", StoreRequest, summary="Store one memory")
 async def store(data: JSONBody[StoreRequest], engine: EngineDep, caller: CallerDep) -> StoreResult:
     caller.authorize(data.user_id)
     return (await engine.store_many([data.draft()], wait=data.wait))[0]
 
 
-@post(
-    "/memories/batch",
-    dto=StrictBody[StoreManyRequest],
-    return_dto=None,
-    summary="Store several memories atomically (all or none)",
-    responses=PROTECTED_ERRORS,
+@protected_post(
+    "/memories/batch", StoreManyRequest, summary="Store several memories atomically (all or none)"
 )
 async def store_many(
     data: JSONBody[StoreManyRequest], engine: EngineDep, caller: CallerDep
@@ -222,45 +225,36 @@ async def store_many(
     return await engine.store_many([m.draft() for m in data.messages], wait=data.wait)
 
 
-@post(
-    "/history/messages",
-    dto=StrictBody[HistoryWriteRequest],
-    return_dto=None,
-    summary="Append messages to a chat history",
-    responses=PROTECTED_ERRORS,
+def _history_write(path: str, summary: str, method: str) -> Any:
+    """The route of a history write: the engine's ``method`` (add or replace) on the body."""
+
+    @protected_post(path, HistoryWriteRequest, summary=summary, operation_id=method)
+    async def write(
+        data: JSONBody[HistoryWriteRequest], engine: EngineDep, caller: CallerDep
+    ) -> list[StoreResult]:
+        caller.authorize(data.user_id)
+        writer = getattr(engine, method)
+        return list(
+            await writer(
+                data.user_id, data.session_id, data.drafts(), scope=data.scope, wait=data.wait
+            )
+        )
+
+    return write
+
+
+add_messages = _history_write(
+    "/history/messages", "Append messages to a chat history", "add_messages"
 )
-async def add_messages(
-    data: JSONBody[HistoryWriteRequest], engine: EngineDep, caller: CallerDep
-) -> list[StoreResult]:
-    caller.authorize(data.user_id)
-    return await engine.add_messages(
-        data.user_id, data.session_id, data.drafts(), scope=data.scope, wait=data.wait
-    )
-
-
-@post(
+replace_history = _history_write(
     "/history/replace",
-    dto=StrictBody[HistoryWriteRequest],
-    return_dto=None,
-    summary="Replace a chat history atomically (a clear marker plus the new messages)",
-    responses=PROTECTED_ERRORS,
+    "Replace a chat history atomically (a clear marker plus the new messages)",
+    "replace_history",
 )
-async def replace_history(
-    data: JSONBody[HistoryWriteRequest], engine: EngineDep, caller: CallerDep
-) -> list[StoreResult]:
-    caller.authorize(data.user_id)
-    return await engine.replace_history(
-        data.user_id, data.session_id, data.drafts(), scope=data.scope, wait=data.wait
-    )
 
 
-@post(
-    "/history/clear",
-    dto=StrictBody[ClearHistoryRequest],
-    return_dto=None,
-    status_code=200,
-    summary="Clear a chat history",
-    responses=PROTECTED_ERRORS,
+@protected_post(
+    "/history/clear", ClearHistoryRequest, status_code=200, summary="Clear a chat history"
 )
 async def clear_history(
     data: JSONBody[ClearHistoryRequest], engine: EngineDep, caller: CallerDep
@@ -288,13 +282,11 @@ async def delete_message(
     return await engine.delete_message(user_id, event_id, wait=wait)
 
 
-@post(
+@protected_post(
     "/nodes/{node_id:str}/archive",
-    dto=StrictBody[ArchiveRequest],
-    return_dto=None,
+    ArchiveRequest,
     status_code=200,
     summary="Archive a memory node (it leaves normal retrieval)",
-    responses=PROTECTED_ERRORS,
 )
 async def archive(
     node_id: FromPath[str], data: JSONBody[ArchiveRequest], engine: EngineDep, caller: CallerDep
@@ -303,13 +295,11 @@ async def archive(
     return await engine.archive(node_id, data.user_id, reason=data.reason, wait=data.wait)
 
 
-@post(
+@protected_post(
     "/nodes/{node_id:str}/restore",
-    dto=StrictBody[RestoreRequest],
-    return_dto=None,
+    RestoreRequest,
     status_code=200,
     summary="Bring an archived or superseded node back",
-    responses=PROTECTED_ERRORS,
 )
 async def restore(
     node_id: FromPath[str], data: JSONBody[RestoreRequest], engine: EngineDep, caller: CallerDep
@@ -318,13 +308,11 @@ async def restore(
     return await engine.restore(node_id, data.user_id, wait=data.wait)
 
 
-@post(
+@protected_post(
     "/nodes/{node_id:str}/supersede",
-    dto=StrictBody[SupersedeRequest],
-    return_dto=None,
+    SupersedeRequest,
     status_code=200,
     summary="Replace a node by another (it leaves retrieval)",
-    responses=PROTECTED_ERRORS,
 )
 async def supersede(
     node_id: FromPath[str], data: JSONBody[SupersedeRequest], engine: EngineDep, caller: CallerDep
@@ -350,13 +338,11 @@ async def erase_owner(
 # Litestar reserves the handler argument name ``scope`` (the ASGI scope), hence ``scope_``.
 
 
-@post(
+@protected_post(
     "/retrieve",
-    dto=StrictBody[RetrieveRequest],
-    return_dto=None,
+    RetrieveRequest,
     status_code=200,
     summary="Retrieve memories: results, a token-budgeted bundle and a receipt",
-    responses=PROTECTED_ERRORS,
 )
 async def retrieve(
     data: JSONBody[RetrieveRequest], engine: EngineDep, caller: CallerDep

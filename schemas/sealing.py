@@ -189,18 +189,12 @@ class Sealer:
         return self.open(data, key)
 
 
+_ERASED_FIELDS = tuple(f for f in ErasedRecord.__struct_fields__ if f != "erased")
+
+
 def erased_view(envelope: Envelope) -> ErasedRecord:
-    return ErasedRecord(
-        v=envelope.v,
-        kind=envelope.kind,
-        event_id=envelope.event_id,
-        owner=envelope.owner,
-        session_id=envelope.session_id,
-        scope=envelope.scope,
-        recorded_at=envelope.recorded_at,
-        occurred_at=envelope.occurred_at,
-        request_id=envelope.request_id,
-    )
+    """The envelope of a record whose key is gone, as ``prme audit`` shows it."""
+    return ErasedRecord(**{name: getattr(envelope, name) for name in _ERASED_FIELDS})
 
 
 def is_sealed(data: bytes) -> bool:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +218,21 @@ async def http(engine: Any) -> AsyncIterator[Any]:
     transport = httpx.ASGITransport(app=create_app(engine))
     async with httpx.AsyncClient(transport=transport, base_url="http://prme") as client:
         yield client
+
+
+@asynccontextmanager
+async def keyed_engine(directory: Path, keys: dict[str, str], **changes: Any) -> AsyncIterator[Any]:
+    """A new pack in ``directory`` with the hashed provider and API ``keys`` (``changes``:
+    more settings, as ``Settings.replace`` takes them)."""
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+    from prme.query.engine import MemoryEngine
+    from prme.schemas.config import Settings
+
+    settings = Settings().replace(service={"api_keys": keys}, **changes)
+    engine = await MemoryEngine.create(
+        directory, settings=settings, embedding_provider=HashedBagOfWordsProvider()
+    )
+    try:
+        yield engine
+    finally:
+        await engine.close()

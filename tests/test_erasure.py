@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -128,39 +129,37 @@ async def test_erasing_an_owner_leaves_no_file_with_its_text_on_the_local_log(
     assert files_holding(data_dir, alice) == []
 
 
+@pytest.fixture
+async def engine(local_settings: Settings, hashed_provider: Any) -> AsyncIterator[MemoryEngine]:
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=hashed_provider
+    ) as opened:
+        yield opened
+
+
 async def test_the_log_never_holds_the_text_in_plain(
-    local_settings: Settings, hashed_provider: Any
+    engine: MemoryEngine, local_settings: Settings
 ) -> None:
-    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
-    try:
-        alice, _ = markers()
-        await engine.store_many(drafts("alice", alice))
-        assert (await audit(engine, "alice"))[0]["record"]["metadata"] == {"note": alice}
-    finally:
-        await engine.close()
+    alice, _ = markers()
+    await engine.store_many(drafts("alice", alice))
+    assert (await audit(engine, "alice"))[0]["record"]["metadata"] == {"note": alice}
+    await engine.close()
     log_files = [p for p in local_settings.data_path.iterdir() if p.name.startswith("log.")]
     assert log_files and all(alice.encode() not in p.read_bytes() for p in log_files)
 
 
-async def test_an_owner_erased_writes_again_under_a_new_key(
-    local_settings: Settings, hashed_provider: Any
-) -> None:
-    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
-    try:
-        old, new = markers()
-        await engine.store(f"old secret {old}", "alice")
-        await engine.erase_owner("alice")
-        await engine.store(f"new secret {new}", "alice")
-        assert [r.text for r in (await engine.retrieve("secret", "alice")).results] == [
-            f"new secret {new}"
-        ]
-        kinds = [
-            (row["record"]["kind"], "erased" in row["record"])
-            for row in await audit(engine, "alice")
-        ]
-        assert kinds == [("message", True), ("owner_erased", False), ("message", False)]
-    finally:
-        await engine.close()
+async def test_an_owner_erased_writes_again_under_a_new_key(engine: MemoryEngine) -> None:
+    old, new = markers()
+    await engine.store(f"old secret {old}", "alice")
+    await engine.erase_owner("alice")
+    await engine.store(f"new secret {new}", "alice")
+    assert [r.text for r in (await engine.retrieve("secret", "alice")).results] == [
+        f"new secret {new}"
+    ]
+    kinds = [
+        (row["record"]["kind"], "erased" in row["record"]) for row in await audit(engine, "alice")
+    ]
+    assert kinds == [("message", True), ("owner_erased", False), ("message", False)]
 
 
 def broker_log_dir(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Path | None:

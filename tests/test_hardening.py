@@ -11,20 +11,19 @@ from typing import Any
 import httpx
 import pytest
 
-from prme.producers.factory import open_dead_letters, open_transport
+from prme.producers.factory import open_transport
 from prme.producers.producer import MessageDraft, Producer, log_item
 from prme.producers.transport import LogItem, Position
-from prme.projectors.dead_letters import read_dead_letters
-from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.projectors.dead_letters import dead_letters_of
 from prme.projectors.runner import remove_stale_staging
 from prme.projectors.stores.graph import GraphModel
 from prme.query.engine import MemoryEngine
 from prme.query.http_types import RetrieveRequest
-from prme.query.service import create_app
 from prme.schemas.codec import encode_record
-from prme.schemas.config import ServiceSettings, Settings
+from prme.schemas.config import Settings
 from prme.schemas.errors import InvalidInput, NotFound
 
+from .conftest import keyed_engine
 from .record_builders import msg, projected, superseded
 
 KEYS = {"key-jose": "josé", "key-alice": "alice", "key-admin": "*"}
@@ -35,19 +34,8 @@ ADMIN = {"X-API-Key": "key-admin"}
 
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[MemoryEngine]:
-    settings = Settings(service=ServiceSettings(api_keys=KEYS)).replace(log={"partitions": 4})
-    engine = await MemoryEngine.create(
-        tmp_path / "pack", settings=settings, embedding_provider=HashedBagOfWordsProvider()
-    )
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture
-async def http(engine: MemoryEngine) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://prme") as client:
-        yield client
+    async with keyed_engine(tmp_path / "pack", KEYS, log={"partitions": 4}) as opened:
+        yield opened
 
 
 async def log_size(engine: MemoryEngine) -> int:
@@ -196,12 +184,7 @@ async def test_a_record_whose_owner_differs_from_its_log_key_is_dead_lettered(
             with pytest.raises(NotFound):
                 await engine.get_event(forged.event_id, owner)
             assert "forged" not in str(await engine.history(owner, "s1"))
-    letters_log = open_dead_letters(local_settings)
-    await letters_log.start()
-    try:
-        letters = await read_dead_letters(letters_log)
-    finally:
-        await letters_log.close()
+    letters = await dead_letters_of(local_settings)
     assert len(letters) == 1 and "key" in letters[0].error and "owner" in letters[0].error
 
 

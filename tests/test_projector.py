@@ -11,7 +11,7 @@ from prme import MemoryEngine
 from prme.producers.factory import open_transport
 from prme.producers.producer import MessageDraft, Producer
 from prme.producers.transport import LogItem
-from prme.projectors.dead_letters import open_dead_letters, read_dead_letters
+from prme.projectors.dead_letters import dead_letters_of
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
@@ -74,12 +74,7 @@ async def check_dead_letter_path(settings: Settings, provider: Any) -> None:
         assert [r.text for r in (await engine.retrieve("bad record", "alice")).results] == [
             "after the bad record"
         ]
-    letters_log = open_dead_letters(settings)
-    await letters_log.start()
-    try:
-        letters = await read_dead_letters(letters_log)
-    finally:
-        await letters_log.close()
+    letters = await dead_letters_of(settings)
     assert [(letter.value, "msgpack" in letter.error) for letter in letters] == [
         (b"\xc1 not msgpack", True)
     ]

@@ -14,8 +14,10 @@ from prme.query.auth import Unauthenticated
 from prme.query.engine import MemoryEngine
 from prme.query.http_client import HttpMemoryBackend
 from prme.query.service import create_app
-from prme.schemas.config import LimitsSettings, ServiceSettings, Settings
+from prme.schemas.config import Settings
 from prme.schemas.errors import Forbidden
+
+from .conftest import keyed_engine
 
 KEYS = {"key-alice": "alice", "key-bob": "bob", "key-admin": "*"}
 ALICE = {"Authorization": "Bearer key-alice"}
@@ -25,14 +27,9 @@ ADMIN = {"Authorization": "Bearer key-admin"}
 
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[MemoryEngine]:
-    settings = Settings(
-        service=ServiceSettings(api_keys=KEYS), limits=LimitsSettings(max_body_bytes=64 * 1024)
-    )
-    engine = await MemoryEngine.create(
-        tmp_path / "pack", settings=settings, embedding_provider=HashedBagOfWordsProvider()
-    )
-    yield engine
-    await engine.close()
+    limits = {"max_body_bytes": 64 * 1024}
+    async with keyed_engine(tmp_path / "pack", KEYS, limits=limits) as opened:
+        yield opened
 
 
 def backend(engine: MemoryEngine, key: str) -> HttpMemoryBackend:
