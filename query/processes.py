@@ -86,7 +86,7 @@ def serve_processes(settings: Settings, processes: int, options: Sequence[str]) 
         lock.release()
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, *, any_if_taken: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -94,6 +94,8 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as error:
         sock.close()
+        if any_if_taken and port:
+            return _listen(host, 0)
         raise ConfigurationError(f"cannot listen on {host}:{port}: {error}") from error
     sock.listen(2048)
     sock.set_inheritable(True)
