@@ -129,6 +129,9 @@ class ProjectorRunner:
         self._stopping = False
         self._assigned = asyncio.Event()
         self._owned_last: set[int] = set()
+        self._standby_waits: dict[int, tuple[int, float]] = {}
+        """Per standby partition: the first offset of the batch waiting for its owner's
+        vectors, and since when it waits."""
         self.standbys = StandbyKeeper(
             transport, self._open_standby, self._apply_standby, self._partition_lock
         )
@@ -274,12 +277,20 @@ class ProjectorRunner:
                 self.restores.append(await self.changelog.restore(partition))
             else:
                 await self.changelog.catch_up(partition)
-            overdue = time.time() - entries[0].timestamp_ms / 1000 > STANDBY_ENCODE_AFTER_S
+            # How long this batch has waited here (not the records' age: a new standby
+            # catching up on old records must still wait for the owner to publish them).
+            first = entries[0].offset
+            seen, since = self._standby_waits.get(partition, (first, time.monotonic()))
+            if seen != first:
+                since = time.monotonic()
+            self._standby_waits[partition] = (first, since)
+            overdue = time.monotonic() - since > STANDBY_ENCODE_AFTER_S
             encode = self._encode if overdue else self._published_vectors
         try:
             dead = await shard.apply(entries, encode)
         except VectorsNotPublished:
             return False
+        self._standby_waits.pop(partition, None)
         for letter in dead:
             _log.warning("standby p%d@%d: %s", letter.partition, letter.offset, letter.error)
         return True
