@@ -2,10 +2,12 @@
 
 ``throughput``: retrieve throughput and p50/p95 with concurrent clients against
 ``prme serve --processes 1`` and ``--processes 2`` on the same machine and the same pack
-(the embedded local log, default model), interleaved ``--runs`` times. The clients are
-``AsyncMemoryClient(url=...)``: they read the cluster map from the one port and send each
-call to the owner's process. ``--processes 2`` is also measured with clients that send
-everything to the one port (the processes forward half of it to each other).
+(the embedded local log, default model), interleaved ``--runs`` times. The clients read
+the cluster map from the one port and send each call to the owner's process
+(``ClusterRoutes``, the map ``AsyncMemoryClient(url=...)`` keeps; the load generator sends
+raw requests and decodes nothing). ``--processes 2`` is
+also measured with clients that send everything to the one port (the processes forward
+half of it to each other).
 
 ``failover``: three ``prme serve`` nodes on Kafka; one is SIGKILLed under a read load, and
 the seconds until every owner answers again are timed, with ``--standby-replicas`` 0 and 1.
@@ -42,7 +44,7 @@ from benchmarks.common import (
     ratio,
     scratch_directory,
 )
-from prme.query.client import AsyncMemoryClient
+from prme.query.http_client import ClusterRoutes
 
 READY_TIMEOUT_S = 600.0
 
@@ -131,24 +133,19 @@ async def load(
     async def client_loop(index: int) -> None:
         nonlocal errors
         local = random.Random(rng.random() + index)
-        if routed:
-            client = AsyncMemoryClient(url=url, timeout_s=60)
-            try:
-                while time.monotonic() < stop_at:
-                    began = time.perf_counter()
-                    try:
-                        await client.retrieve(question(local), local.choice(owners), top_k=5)
-                        samples.append(time.perf_counter() - began)
-                    except Exception:
-                        errors += 1
-            finally:
-                await client.close()
-            return
         async with httpx.AsyncClient(timeout=60) as http:
+            # Routed: the client's copy of the map (what AsyncMemoryClient(url=...) keeps)
+            # picks the owner's process; the load generator decodes nothing, so the two
+            # cores it shares with the servers go to the servers.
+            routes = ClusterRoutes([url])
+            if routed:
+                await routes.refresh(http)
             while time.monotonic() < stop_at:
-                body = {"user_id": local.choice(owners), "query": question(local), "top_k": 5}
+                owner = local.choice(owners)
+                body = {"user_id": owner, "query": question(local), "top_k": 5}
+                node = routes.node_for(owner) if routed else url
                 began = time.perf_counter()
-                answer = await http.post(url + "/v1/retrieve", json=body)
+                answer = await http.post(node + "/v1/retrieve", json=body)
                 if answer.status_code == 200:
                     samples.append(time.perf_counter() - began)
                 else:
@@ -245,8 +242,9 @@ async def answering(urls: list[str], owners: list[str], headers: dict[str, str])
 
 
 async def failover_once(
-    bootstrap: str, work: Path, owners: int, standbys: int, tag: str
+    bootstrap: str, work: Path, arguments: argparse.Namespace, standbys: int, tag: str
 ) -> dict[str, Any]:
+    owners = arguments.owners
     topic = f"failover-{tag}"
     env = clean_env(
         PRME_LOG__TRANSPORT="kafka",
@@ -256,6 +254,7 @@ async def failover_once(
         PRME_CLUSTER__GROUP=f"{topic}-group",
         PRME_CLUSTER__SECRET="bench",
         PRME_CLUSTER__STANDBY_REPLICAS=str(standbys),
+        PRME_CLUSTER__SESSION_TIMEOUT_S=str(arguments.session_timeout_s),
         PRME_EMBEDDING__THREADS="1",
     )
     ports = [free_port() for _ in range(3)]
@@ -278,7 +277,21 @@ async def failover_once(
             for name in names:
                 body = {"user_id": name, "content": f"{name} keeps bees"}
                 (await http.post(urls[0] + "/v1/memories", json=body)).raise_for_status()
-            if standbys:  # standbys caught up before the kill
+            rng = random.Random(5)
+            for start in range(0, arguments.messages, 200):  # the pack the partitions carry
+                batch = [
+                    {"user_id": rng.choice(names), "content": chat_turn(rng)}
+                    for _ in range(min(200, arguments.messages - start))
+                ]
+                answer = await http.post(
+                    urls[start // 200 % 3] + "/v1/memories/batch",
+                    json={"messages": batch, "wait": False},
+                )
+                answer.raise_for_status()
+            for url in urls:  # every node projected (and its standbys caught up)
+                while (await http.get(url + "/v1/ready")).json()["lag"]:
+                    await asyncio.sleep(0.5)  # poll interval while the nodes embed the pack
+            if standbys:
                 await asyncio.sleep(3.0)
         victim = nodes[2]
         victim.send_signal(signal.SIGKILL)
@@ -300,13 +313,15 @@ async def failover(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         for run in range(arguments.runs):
             for standbys in (0, 1):
                 once = await failover_once(
-                    bootstrap, work, arguments.owners, standbys, f"s{standbys}-r{run}-{os.getpid()}"
+                    bootstrap, work, arguments, standbys, f"s{standbys}-r{run}-{os.getpid()}"
                 )
                 figures[f"standby_{standbys}"].append(once["failover_s"])
     return {
         "benchmark": "cluster.failover",
         "machine": machine(),
         "owners": arguments.owners,
+        "messages": arguments.messages,
+        "session_timeout_s": arguments.session_timeout_s,
         "failover_s": {k: {"median": median(v), "runs": v} for k, v in figures.items()},
         "standby_1_to_0": ratio(median(figures["standby_1"]), median(figures["standby_0"])),
         "method": "3 nodes, one SIGKILLed; seconds until every owner's history answers 200 "
@@ -323,6 +338,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--bootstrap", help="failover: use this broker instead of starting one")
+    parser.add_argument(
+        "--messages", type=int, default=0, help="failover: more messages in the partitions"
+    )
+    parser.add_argument(
+        "--session-timeout-s", type=float, default=10.0, help="failover: the group's timeout"
+    )
     add_common_options(parser)
     arguments = parser.parse_args(argv)
     with scratch_directory(arguments.work_dir) as work:

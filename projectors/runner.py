@@ -133,7 +133,11 @@ class ProjectorRunner:
         """Per standby partition: the first offset of the batch waiting for its owner's
         vectors, and since when it waits."""
         self.standbys = StandbyKeeper(
-            transport, self._open_standby, self._apply_standby, self._partition_lock
+            transport,
+            self._open_standby,
+            self._apply_standby,
+            self._partition_lock,
+            may_open=lambda: self.records_behind() == 0,
         )
         """Warm copies of partitions other nodes own (``cluster.standby_replicas``)."""
         self.dead_letter_count = 0

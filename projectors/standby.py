@@ -36,8 +36,12 @@ class StandbyKeeper:
         open_shard: Callable[[int], Awaitable[Shard]],
         apply: Callable[[int, Shard, list[object]], Awaitable[bool]],
         lock: Callable[[int], asyncio.Lock],
+        may_open: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``may_open``: whether new standbys may open now (a node catching up on the
+        partitions it owns opens none: a new standby replays its whole partition)."""
         self._transport = transport
+        self._may_open = may_open
         self._open_shard = open_shard
         self._apply = apply
         self._lock = lock
@@ -100,6 +104,8 @@ class StandbyKeeper:
                 if shard is not None:
                     await shard.close()
                     _log.info("standby of partition %d closed", partition)
+        if not self._may_open():
+            return
         for partition in sorted(self._wanted - set(self.shards)):
             async with self._lock(partition):
                 if partition in self._wanted and partition not in self.shards:

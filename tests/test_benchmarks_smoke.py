@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from benchmarks import ingest_throughput, projection, rebuild, restore, retrieve_latency, soak
+from benchmarks import (
+    cluster,
+    ingest_throughput,
+    projection,
+    rebuild,
+    restore,
+    retrieve_latency,
+    soak,
+)
 from prme.projectors.registry import MODEL_NAMES
 
 
@@ -169,3 +177,21 @@ def test_soak_benchmark_reports_errors_rss_and_latency_per_operation(tmp_path: P
     assert 0 < rss["start"] <= rss["max"] and rss["end"] <= rss["max"]
     assert rss["growth"] == pytest.approx(rss["end"] - rss["start"], abs=0.2)
     assert report["setup"]["clients"] == 4 and report["requests"] > 0
+
+
+@pytest.mark.model
+def test_cluster_benchmark_compares_one_and_two_processes(tmp_path: Path) -> None:
+    report = run(
+        cluster.main,
+        tmp_path,
+        *("throughput", "--memories", "40", "--owners", "8", "--clients", "2"),
+        *("--seconds", "1", "--runs", "1"),
+    )
+    results = report["results"]
+    assert set(results) == {"processes_1", "processes_2", "processes_2_one_port"}
+    for figures in results.values():
+        assert figures["errors"] == 0 and figures["requests_per_s"] > 0
+    assert report["processes_2_to_1_throughput"] == pytest.approx(
+        results["processes_2"]["requests_per_s"] / results["processes_1"]["requests_per_s"],
+        rel=0.01,
+    )
