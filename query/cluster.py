@@ -42,6 +42,12 @@ MAP_REFRESH_S = 5.0
 _log = logging.getLogger("prme.cluster")
 
 
+def _repeatable(method: str, target: str) -> bool:
+    """Whether sending the request twice is harmless (reads, and waits)."""
+    path = target.partition("?")[0]
+    return method == "GET" or path in ("/v1/retrieve", "/v1/cluster/wait")
+
+
 class NotOwner(ShardUnavailable):
     """This node does not own the partition; the map is changing (503, Retry-After)."""
 
@@ -85,7 +91,7 @@ class ClusterRouter:
     async def close(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._poller
         await self._http.aclose()
 
@@ -122,7 +128,10 @@ class ClusterRouter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._urgent.wait(), MAP_REFRESH_S)
             self._urgent.clear()
-            await self._poll_once()
+            try:
+                await self._poll_once()
+            except Exception:  # a malformed description: keep the last map, try again
+                _log.exception("reading the cluster map failed")
 
     async def _await_change(self, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) for the map or this node's assignment to change."""
@@ -221,12 +230,20 @@ class ClusterRouter:
                 return None
             sent = {k: v for k, v in headers.items() if k in ("content-type", "accept")}
             sent.update(self._hop_headers(caller))
+            left = max(0.1, deadline - loop.time())
             try:
                 response = await self._http.request(
-                    method, url.rstrip("/") + target, content=body, headers=sent
+                    method, url.rstrip("/") + target, content=body, headers=sent, timeout=left
                 )
-            except httpx.HTTPError as error:
+            except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # nothing was sent
                 _log.info("forward to %s failed (%s); waiting for the map", url, error)
+                self.metrics.cluster_forwards.labels("unreachable").inc()
+            except httpx.HTTPError as error:
+                if not _repeatable(method, target):  # the owner may have applied it
+                    raise NotOwner(
+                        f"partition {partition}: the connection to its owner {url} broke "
+                        f"({error!r}) after the request was sent; it may have been applied"
+                    ) from error
                 self.metrics.cluster_forwards.labels("unreachable").inc()
             else:
                 if not response.headers.get(NOT_OWNER_HEADER):

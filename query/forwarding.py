@@ -53,12 +53,18 @@ class ForwardingMiddleware:
     up), forwards it otherwise, and stamps every response with the node that served it."""
 
     def __init__(
-        self, app: ASGIApp, router: ClusterRouter, api_keys: ApiKeys, timeout_s: float
+        self,
+        app: ASGIApp,
+        router: ClusterRouter,
+        api_keys: ApiKeys,
+        timeout_s: float,
+        max_body_bytes: int,
     ) -> None:
         self.app = app
         self.router = router
         self.api_keys = api_keys
         self.timeout_s = timeout_s
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,10 +75,10 @@ class ForwardingMiddleware:
         if where is None:
             await self.app(scope, receive, stamped)
             return
-        body, complete = await _read_body(receive)
+        body, complete = await _read_body(receive, self.max_body_bytes)
         replay = _replayer(body, complete, receive)
-        owner = _owner(scope, body, where)
-        if owner is None:  # the app answers the malformed request
+        owner = _owner(scope, body, where) if complete else None
+        if owner is None:  # the app answers the malformed (or too large) request
             await self.app(scope, replay, stamped)
             return
         headers = _headers(scope)
@@ -174,15 +180,22 @@ def _headers(scope: Scope) -> dict[str, str]:
     }
 
 
-async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+async def _read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
+    """The body, and whether it is all there: reading stops past ``limit`` bytes (the app
+    then reads the rest and answers 413), before anyone is authenticated."""
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             return b"".join(chunks), False
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks), True
+        if size > limit:
+            return b"".join(chunks), False
 
 
 def _replayer(body: bytes, complete: bool, receive: Receive) -> Receive:

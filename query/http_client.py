@@ -239,15 +239,18 @@ class HttpMemoryBackend(MemoryBackend):
                 response = await self._http.request(
                     method, f"{node}/v1/{path}", content=content, params=params, headers=headers
                 )
-            except httpx.TimeoutException as error:
-                raise TransportError(
-                    f"{method} {path}: the service did not answer in time"
-                ) from error
-            except httpx.HTTPError as error:
+            except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # nothing was sent
                 self._routes.lost(node)
                 if attempt or not self._routes.clustered:
                     raise TransportError(f"{method} {path}: {error}") from error
                 continue
+            except httpx.TimeoutException as error:
+                raise TransportError(
+                    f"{method} {path}: the service did not answer in time"
+                ) from error
+            except httpx.HTTPError as error:  # sent: resending could write it twice
+                self._routes.lost(node)
+                raise TransportError(f"{method} {path}: {error}") from error
             if FORWARDED_BY_HEADER in response.headers or NOT_OWNER_HEADER in response.headers:
                 self._routes.stale = True  # answered, one hop more than needed: re-read
                 if NOT_OWNER_HEADER in response.headers and not attempt:
@@ -271,9 +274,10 @@ class ClusterRoutes:
         return len(self.seeds) > 1 or bool(self._owners)
 
     def node_for(self, owner: str | None) -> str:
+        """The owner's node; a seed (which forwards) when that node was unreachable."""
         if owner is not None and self._partitioner is not None:
             node = self._owners.get(self._partitioner(owner.encode()))
-            if node:
+            if node and node not in self._down:
                 return node
         alive = [s for s in self.seeds if s not in self._down] or self.seeds
         return alive[0]
@@ -297,10 +301,10 @@ class ClusterRoutes:
             self._down.discard(url)
             owners = {p: m.url for m in view.members for p in m.partitions if m.url}
             if owners:
+                if owners != self._owners:  # a new map: its nodes get a fresh chance
+                    self._down.clear()
                 self._owners = owners
                 self._partitioner = Partitioner(view.partitions)
-                for member in view.members:
-                    self._down.discard(member.url)
             return
         self.stale = False  # nothing answered: the next failure marks it stale again
 

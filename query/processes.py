@@ -38,12 +38,32 @@ def serve_processes(settings: Settings, processes: int, options: Sequence[str]) 
     data_dir.mkdir(parents=True, exist_ok=True)
     lock = DataDirLock.acquire(data_dir)
     host, port = settings.service.host, settings.service.port
+    sockets: list[socket.socket] = []
+    try:
+        return _serve_children(settings, processes, options, host, port, sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+        lock.release()
+
+
+def _serve_children(
+    settings: Settings,
+    processes: int,
+    options: Sequence[str],
+    host: str,
+    port: int,
+    sockets: list[socket.socket],
+) -> int:
     public = _listen(host, port)
+    sockets.append(public)
     port = public.getsockname()[1]
-    own = [
-        _listen(host, 0 if settings.service.port == 0 else port + 1 + i) for i in range(processes)
-    ]
-    urls = [f"http://{host}:{s.getsockname()[1]}" for s in own]
+    # Each child's own port: PORT+1+i when free (firewall rules like fixed ports), else any.
+    fixed = settings.service.port != 0
+    own = [_listen(host, port + 1 + i if fixed else 0, any_if_taken=True) for i in range(processes)]
+    sockets.extend(own)
+    shown = f"[{host}]" if ":" in host else host
+    urls = [f"http://{shown}:{s.getsockname()[1]}" for s in own]
     env = dict(os.environ)
     # Members forward to each other: a secret for this cluster of processes if none is set.
     env.setdefault("PRME_CLUSTER__SECRET", settings.cluster.secret or secrets.token_urlsafe(24))
@@ -61,7 +81,7 @@ def serve_processes(settings: Settings, processes: int, options: Sequence[str]) 
                 subprocess.Popen(command, env=env, pass_fds=(public.fileno(), sock.fileno()))
             )
         print(
-            f"prme serve: {processes} processes on http://{host}:{port} ({', '.join(urls)})",
+            f"prme serve: {processes} processes on http://{shown}:{port} ({', '.join(urls)})",
             file=sys.stderr,
             flush=True,
         )
@@ -80,10 +100,6 @@ def serve_processes(settings: Settings, processes: int, options: Sequence[str]) 
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
-        public.close()
-        for sock in own:
-            sock.close()
-        lock.release()
 
 
 def _listen(host: str, port: int, *, any_if_taken: bool = False) -> socket.socket:

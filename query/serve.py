@@ -19,6 +19,7 @@ import uvicorn
 
 from prme.projectors.embeddings.protocol import EmbeddingProvider
 from prme.schemas.config import Settings
+from prme.schemas.errors import ConfigurationError
 
 from .auth import check_bind_safety
 from .engine import MemoryEngine
@@ -89,6 +90,12 @@ def advertised_url(settings: Settings, sockets: Sequence[socket.socket] | None =
         host, port = sockets[0].getsockname()[:2]
     else:
         host, port = settings.service.host, settings.service.port
+    if str(host) in ("0.0.0.0", "::", "") and settings.log.transport == "kafka":
+        raise ConfigurationError(
+            f"listening on {host or 'every address'}, this node cannot tell the others where "
+            "to reach it: set --advertised-url (PRME_CLUSTER__ADVERTISED_URL), e.g. "
+            f"http://<this host's name>:{port}"
+        )
     if ":" in str(host):
         host = f"[{host}]"
     return f"http://{host}:{port}"

@@ -565,6 +565,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
                 router=engine.router,
                 api_keys=api_keys,
                 timeout_s=settings.query.consistency_timeout_s,
+                max_body_bytes=settings.limits.max_body_bytes,
             )
         )
     return Litestar(

@@ -1,0 +1,97 @@
+"""Pieces of the cluster that a review found wanting, each checked alone."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prme.query.cluster import _repeatable
+from prme.query.forwarding import _read_body
+from prme.query.http_client import ClusterRoutes
+from prme.query.serve import advertised_url
+from prme.schemas.config import Settings
+from prme.schemas.errors import ConfigurationError
+
+from .cluster_harness import free_port
+
+
+def test_a_cluster_node_on_a_wildcard_address_must_say_where_it_is_reached() -> None:
+    settings = Settings().replace(
+        log={"transport": "kafka"}, service={"host": "0.0.0.0", "port": 8771}
+    )
+    with pytest.raises(ConfigurationError, match="advertised-url"):
+        advertised_url(settings)
+    named = settings.replace(cluster={"advertised_url": "http://node-1:8771/"})
+    assert advertised_url(named) == "http://node-1:8771"
+    loopback = Settings().replace(service={"host": "::1", "port": 8771})
+    assert advertised_url(loopback) == "http://[::1]:8771"
+
+
+async def test_the_router_stops_reading_a_body_past_the_limit() -> None:
+    sent: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b"x" * 600, "more_body": True} for _ in range(100)
+    ]
+    calls = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        return sent.pop(0)
+
+    body, complete = await _read_body(receive, limit=1000)
+    assert not complete and len(body) == 1200 and calls == 2
+
+
+def test_the_client_leaves_an_unreachable_owner_for_a_seed_that_forwards() -> None:
+    routes = ClusterRoutes(["http://router:1"])
+    routes._owners = dict.fromkeys(range(12), "http://owner:2")  # as refresh() fills it
+    from prme.producers.partitioner import Partitioner
+
+    routes._partitioner = Partitioner(12)
+    assert routes.node_for("alice") == "http://owner:2"
+    routes.lost("http://owner:2")
+    assert routes.node_for("alice") == "http://router:1"
+
+
+def test_only_reads_and_waits_are_resent_after_a_broken_connection() -> None:
+    assert _repeatable("GET", "/v1/history?user_id=a")
+    assert _repeatable("POST", "/v1/retrieve")
+    assert _repeatable("POST", "/v1/cluster/wait")
+    assert not _repeatable("DELETE", "/v1/history/messages/e1?user_id=a")
+    assert not _repeatable("POST", "/v1/nodes/mem:1/archive")
+
+
+def test_processes_start_when_a_members_port_is_taken(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 1))  # PORT+1, the first member's own port
+        taken.listen()
+        command = [sys.executable, "-m", "prme.cli", "serve", "--processes", "2"]
+        command += ["--data-dir", str(tmp_path / "pack"), "--port", str(port)]
+        log = tmp_path / "serve.log"
+        with open(log, "wb") as out:
+            parent = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                assert parent.poll() is None, log.read_text()
+                try:
+                    view = httpx.get(f"http://127.0.0.1:{port}/v1/cluster", timeout=5).json()
+                    if len(view["members"]) == 2:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)  # poll interval while the processes start
+            urls = [m["url"] for m in view["members"]]
+            assert f"http://127.0.0.1:{port + 1}" not in urls
+        finally:
+            parent.terminate()
+            parent.wait(timeout=60)
