@@ -52,19 +52,13 @@ class ForwardingMiddleware:
     """Serves a routed request here when this node owns the partition (once it has caught
     up), forwards it otherwise, and stamps every response with the node that served it."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        router: ClusterRouter,
-        api_keys: ApiKeys,
-        timeout_s: float,
-        max_body_bytes: int,
-    ) -> None:
+    def __init__(self, app: ASGIApp, router: ClusterRouter, api_keys: ApiKeys) -> None:
         self.app = app
         self.router = router
         self.api_keys = api_keys
-        self.timeout_s = timeout_s
-        self.max_body_bytes = max_body_bytes
+        self.timeout_s = router.settings.query.consistency_timeout_s
+        """How long a request waits for its partition's owner (during a rebalance)."""
+        self.max_body_bytes = router.settings.limits.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

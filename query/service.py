@@ -560,13 +560,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
     middleware = [DefineMiddleware(RequestObserver, metrics=engine.metrics)]
     if engine.router is not None:
         middleware.append(
-            DefineMiddleware(
-                ForwardingMiddleware,
-                router=engine.router,
-                api_keys=api_keys,
-                timeout_s=settings.query.consistency_timeout_s,
-                max_body_bytes=settings.limits.max_body_bytes,
-            )
+            DefineMiddleware(ForwardingMiddleware, router=engine.router, api_keys=api_keys)
         )
     return Litestar(
         route_handlers=[protected, open_routes, metrics_endpoint, status_endpoint],
