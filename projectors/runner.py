@@ -129,6 +129,7 @@ class ProjectorRunner:
         self._stopping = False
         self._assigned = asyncio.Event()
         self._owned_last: set[int] = set()
+        self._wakers: set[asyncio.Task[None]] = set()
         self._standby_waits: dict[int, tuple[int, float]] = {}
         """Per standby partition: the first offset of the batch waiting for its owner's
         vectors, and since when it waits."""
@@ -216,7 +217,9 @@ class ProjectorRunner:
         self._wake()
 
     def _wake(self) -> None:
-        asyncio.get_running_loop().create_task(self._notify())
+        task = asyncio.get_running_loop().create_task(self._notify())
+        self._wakers.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._wakers.discard)
 
     async def _notify(self) -> None:
         async with self._progress:
