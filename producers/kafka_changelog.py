@@ -21,6 +21,7 @@ from prme.schemas.errors import ConfigurationError, TransportError
 from .kafka_common import (
     bounded,
     positive_partitions,
+    reading,
     standalone_reader,
     started,
     stop_quietly,
@@ -44,17 +45,16 @@ async def _read_range(
     reader: AIOKafkaConsumer, tp: TopicPartition, offset: int, end: int, max_records: int
 ) -> tuple[list[ChangelogEntry], int]:
     """Up to ``max_records`` records of ``tp`` in ``[offset, end)`` and the next offset."""
-    reader.assign([tp])
-    reader.seek(tp, offset)
     entries: list[ChangelogEntry] = []
-    position = await reader.position(tp)
-    while len(entries) < max_records and position < end:
-        batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
-        for record in batch.get(tp, []):
-            if record.offset >= end:
-                break
-            entries.append(ChangelogEntry(record.offset, record.key or b"", record.value))
+    with reading(reader, tp, offset):
         position = await reader.position(tp)
+        while len(entries) < max_records and position < end:
+            batch = await reader.getmany(tp, timeout_ms=200, max_records=max_records - len(entries))
+            for record in batch.get(tp, []):
+                if record.offset >= end:
+                    break
+                entries.append(ChangelogEntry(record.offset, record.key or b"", record.value))
+            position = await reader.position(tp)
     return entries, min(position, end)
 
 

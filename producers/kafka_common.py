@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from prme.schemas.errors import ConfigurationError, TransportError
@@ -57,11 +58,19 @@ async def started(client: ClientT, timeout_s: float, what: str) -> ClientT:
     return client
 
 
+READER_FETCH_WAIT_MS = 20
+"""How long a standalone reader's fetch may wait at the end of a partition. A broker
+answers one connection's requests in order, so a fetch parked there for Kafka's default
+500 ms held up every end-offsets and read call behind it (half a second per partition a
+standby promotion or a changelog catch-up touched)."""
+
+
 def standalone_reader(
     bootstrap: str, client_id: str, timeout_ms: int, **options: Any
 ) -> AIOKafkaConsumer:
-    """A consumer outside any group, for partitions the caller assigns and seeks: nothing
-    committed, a fresh assignment starts at the earliest offset."""
+    """A consumer outside any group, for partitions the caller assigns and seeks (through
+    :func:`reading`): nothing committed, a fresh assignment starts at the earliest offset."""
+    settings: dict[str, Any] = {"fetch_max_wait_ms": READER_FETCH_WAIT_MS, **options}
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         client_id=client_id,
@@ -69,8 +78,20 @@ def standalone_reader(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         request_timeout_ms=timeout_ms,
-        **options,
+        **settings,
     )
+
+
+@contextmanager
+def reading(reader: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> Iterator[None]:
+    """Point a standalone reader at ``tp`` from ``offset``; paused afterwards, so it sends
+    no fetches while nobody reads (an idle fetch would sit on the connection)."""
+    reader.assign([tp])
+    reader.seek(tp, offset)
+    try:
+        yield
+    finally:
+        reader.pause(tp)
 
 
 def entry_of(record: ConsumerRecord[bytes, bytes]) -> LogEntry:

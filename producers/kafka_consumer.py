@@ -78,6 +78,10 @@ class KafkaLogConsumer(LogConsumer):
             "session_timeout_ms": session_timeout_ms,
             "heartbeat_interval_ms": heartbeat_interval_ms,
             "request_timeout_ms": int(request_timeout_s * 1000),
+            # A fetch parked at a partition's end holds the connection (a broker answers it
+            # in order): after a rebalance the new assignment's first fetch waited behind
+            # it for up to Kafka's default 500 ms before a moved partition was served.
+            "fetch_max_wait_ms": 100,
             "partition_assignment_strategy": (
                 ClusterAssignor(
                     topic,

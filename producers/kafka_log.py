@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from prme.schemas.cluster import ClusterMap
 from prme.schemas.errors import ConfigurationError, TransportError
 
-from .kafka_common import bounded, entry_of, stop_quietly
+from .kafka_common import bounded, entry_of, reading, standalone_reader, stop_quietly
 from .kafka_consumer import KafkaLogConsumer
 from .kafka_group import GroupMember, describe_group
 from .kafka_membership import read_cluster_map
@@ -146,14 +146,11 @@ class KafkaLogTransport:
             )
             await bounded(producer.start(), self._timeout_s, "producer start")
             self._producer = producer
-            reader = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap,
-                client_id=f"{self._client_id}-reader",
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
+            reader = standalone_reader(
+                self._bootstrap,
+                f"{self._client_id}-reader",
+                self._timeout_ms,
                 isolation_level="read_committed",
-                request_timeout_ms=self._timeout_ms,
             )
             await bounded(reader.start(), self._timeout_s, "reader start")
             self._reader = reader
@@ -352,11 +349,10 @@ class KafkaLogTransport:
             end = (await bounded(reader.end_offsets([tp]), self._timeout_s, "end offsets"))[tp]
             if offset >= end:
                 return []
-            reader.assign([tp])
-            reader.seek(tp, offset)
-            return await bounded(
-                self._read_until(reader, tp, end, max_records), self._timeout_s, "read"
-            )
+            with reading(reader, tp, offset):
+                return await bounded(
+                    self._read_until(reader, tp, end, max_records), self._timeout_s, "read"
+                )
 
     @staticmethod
     async def _read_until(

@@ -44,6 +44,10 @@ REBUILD_CONCURRENCY = 6
 """Partitions rebuilt at once: much of a partition's rebuild is opening, flushing and
 swapping engine files (waits that leave the CPU free), so more run side by side than
 ``CONCURRENT_SHARDS``."""
+POLL_S = 0.1
+"""How long a poll of the consumer waits for records. A rebalance lands during a poll,
+and a partition it assigns may need only a transaction marker stepped over to be served,
+which no poll returns: the loop notes positions at least this often."""
 STANDBY_ENCODE_AFTER_S = 10.0
 """A standby waits this long for its owner to publish a record's vector, then encodes it."""
 MAX_BATCH_FACTOR = 16
@@ -130,6 +134,9 @@ class ProjectorRunner:
         self._assigned = asyncio.Event()
         self._owned_last: set[int] = set()
         self._wakers: set[asyncio.Task[None]] = set()
+        self._assigned_at: dict[int, tuple[float, str, int]] = {}
+        """Per partition assigned and not served yet: when, how its shard came, and the
+        offset it applied from (noted in the log and the takeover metrics once served)."""
         self._standby_waits: dict[int, tuple[int, float]] = {}
         """Per standby partition: the first offset of the batch waiting for its owner's
         vectors, and since when it waits."""
@@ -231,13 +238,16 @@ class ProjectorRunner:
         _log.info("assigned partitions %s", sorted(partitions))
         await self._close_parked(keep=partitions)
         ends = await self.transport.end_offsets()
+        began = time.monotonic()
         for partition in sorted(partitions):
+            how = "kept"
             if partition in self._parked:
                 self.shards[partition] = self._parked.pop(partition)
             elif partition not in self.shards:
                 async with self._partition_lock(partition):
                     promoted = self.standbys.take(partition)
                 if promoted is not None:
+                    how = "standby"
                     _log.info("partition %d: the standby takes over", partition)
                     promoted.publish_vectors_to(self.changelog)
                     if self.changelog is not None:  # what the old owner published last
@@ -245,13 +255,19 @@ class ProjectorRunner:
                     self.metrics.standby_promotions.inc()
                     self.shards[partition] = promoted
                 else:
+                    how = "opened"
                     self.shards[partition] = await self._new_shard(partition, lazily=True)
+            else:
+                how = "held"
             assert self._consumer is not None
-            self._consumer.seek(partition, self.shards[partition].applied_offset() + 1)
+            start = self.shards[partition].applied_offset() + 1
+            self._assigned_at.setdefault(partition, (began, how, start))
+            self._consumer.seek(partition, start)
             self._targets[partition] = ends.get(partition, 0)
         self._owned_last = set(self.shards)
         self.metrics.cluster_partitions.labels("owner").set(len(self.shards))
         self._assigned.set()
+        self._note_served()
         async with self._progress:
             self._progress.notify_all()
 
@@ -354,10 +370,11 @@ class ProjectorRunner:
         try:
             size = self._batch_size
             while not self._stopping:
-                batches = await self._consumer.poll(size, 0.5)
+                batches = await self._consumer.poll(size, POLL_S)
                 if batches:
                     await self._apply(batches)
                 await self._refresh_positions()
+                self._note_served()
                 size = next_batch_size(size, batches, self._batch_size)
         except asyncio.CancelledError:
             raise
@@ -416,6 +433,24 @@ class ProjectorRunner:
         self.metrics.batch_size.observe(len(entries))
         self.metrics.records_applied.labels(str(partition)).inc(len(entries))
         return dead
+
+    def _note_served(self) -> None:
+        for partition, (since, how, start) in list(self._assigned_at.items()):
+            if partition not in self._targets:
+                del self._assigned_at[partition]
+            elif self.serving(partition):
+                del self._assigned_at[partition]
+                seconds = time.monotonic() - since
+                replayed = max(0, self.next_offset(partition) - start)
+                self.metrics.takeover_duration.labels(how).observe(seconds)
+                self.metrics.takeover_records.labels(how).inc(replayed)
+                _log.info(
+                    "partition %d served %.2fs after its assignment (%s, %d records applied)",
+                    partition,
+                    seconds,
+                    how,
+                    replayed,
+                )
 
     def _partition_lock(self, partition: int) -> asyncio.Lock:
         """Held while a batch is applied to the partition's shard and while a rebuild

@@ -159,8 +159,9 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     forward_timeout_s: float = 30.0
     """Bound on one forwarded request (connect, read, write)."""
     session_timeout_s: float = 10.0
-    """Kafka: a member silent this long leaves the group and its partitions move (the
-    broker allows 6 to 300 s by default); failover takes at least this long."""
+    """Kafka: a member silent this long leaves the group and its partitions move;
+    failover takes at least this long. A broker allows 6 to 300 s by default
+    (``group.min.session.timeout.ms``; the brokers ``deploy/kafka/`` starts allow 2 s)."""
 
 
 class MetricsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

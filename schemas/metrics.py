@@ -35,6 +35,7 @@ LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 256, 500, 1000)
+TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 Sample = Callable[[], Iterable[tuple[tuple[str, ...], float]]]
 """Returns ``(label values, value)`` pairs at scrape time."""
@@ -142,6 +143,19 @@ class Metrics:
             "prme_cluster_standby_promotions",
             "Partitions this node took over from a standby copy it kept (no replay from the "
             "start of the partition)",
+        )
+        self.takeover_duration = histogram(
+            "prme_cluster_takeover_seconds",
+            "From a partition's assignment to this node until it is served here, by how its "
+            "shard came: held, kept (parked through the rebalance), standby, opened",
+            ("how",),
+            buckets=TAKEOVER_BUCKETS,
+        )
+        self.takeover_records = counter(
+            "prme_cluster_takeover_records",
+            "Records applied between a partition's assignment and its being served, by how "
+            "its shard came (a standby's are only what arrived meanwhile)",
+            ("how",),
         )
         self.cluster_partitions = gauge(
             "prme_cluster_owned_partitions",

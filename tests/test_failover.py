@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from prme.producers.factory import open_transport
+from prme.producers.partitioner import partition_for_key
 from prme.schemas.config import Settings
 from prme.schemas.sealing import envelope_of
 
@@ -28,6 +29,8 @@ PER_OWNER = 5
 LOAD_BOUND_S = 120.0
 FAILOVER_BOUND_S = 60.0
 """Measured 12-25 s here (10 s of it the session timeout); docs/ARCHITECTURE.md "Cluster"."""
+TAKEOVER = 'prme_cluster_takeover_records_total{{how="{}"}}'
+HOW = ("standby", "opened")
 
 
 def metric(node: Node, name: str) -> float:
@@ -157,6 +160,9 @@ def run_failover(
                 time.sleep(0.2)  # poll interval while the standbys open and catch up
         survivors, victim = nodes[:2], nodes[2]
         promoted = {n.name: metric(n, "prme_cluster_standby_promotions_total") for n in survivors}
+        replayed = {
+            n.name: {how: metric(n, TAKEOVER.format(how)) for how in HOW} for n in survivors
+        }
         with Load(survivors, owners) as load:
             time.sleep(2.0)  # the load runs before the kill too
             load.killed.set()  # from here on every write counts as after the kill
@@ -172,6 +178,10 @@ def run_failover(
             n.name: {
                 "encoded": metric(n, "prme_embedding_texts_encoded_total") - encoded[n.name],
                 "promoted": metric(n, "prme_cluster_standby_promotions_total") - promoted[n.name],
+                **{
+                    f"replayed_{how}": metric(n, TAKEOVER.format(how)) - replayed[n.name][how]
+                    for how in HOW
+                },
             }
             for n in survivors
         }
@@ -197,6 +207,10 @@ def run_failover(
             {
                 "encoded": sum(a["encoded"] for a in after.values()),
                 "promoted": sum(a["promoted"] for a in after.values()),
+                **{
+                    f"replayed_{how}": sum(a[f"replayed_{how}"] for a in after.values())
+                    for how in HOW
+                },
             },
         )
 
@@ -213,6 +227,12 @@ async def test_a_killed_node_loses_no_write_and_its_partitions_move_without_enco
     # texts: only what the load wrote after the kill (or had in flight at it).
     assert counts["encoded"] <= load.writes_after_kill + 2, (counts, load.writes_after_kill)
     assert lost["partitions"]
+    # The survivors replayed the dead node's partitions from the start: at least the
+    # messages written before the load.
+    held = sum(
+        1 for i in range(OWNERS) if partition_for_key(f"fo-{i}".encode(), 12) in lost["partitions"]
+    )
+    assert counts["replayed_opened"] >= held * PER_OWNER, (counts, held)
     topic = nodes[0].env["PRME_LOG__TOPIC"]
     on_log = await logged_event_ids(kafka_bootstrap, topic)
     for write in load.acknowledged:
@@ -228,3 +248,10 @@ def test_with_a_standby_the_dead_nodes_partitions_are_taken_over_warm(
     assert failover_s < FAILOVER_BOUND_S
     assert counts["promoted"] >= len(lost["partitions"]), (counts, lost)
     assert counts["encoded"] <= load.writes_after_kill + 2, (counts, load.writes_after_kill)
+    # The standbys were applied up to the kill: a takeover replays only what arrived
+    # since, never the partitions' messages from before the load.
+    assert counts["replayed_opened"] == 0, counts
+    assert counts["replayed_standby"] <= load.writes_after_kill + 2, (
+        counts,
+        load.writes_after_kill,
+    )
