@@ -120,6 +120,7 @@ class ForwardingMiddleware:
             if name in ("content-type", "retry-after", "www-authenticate", SERVED_BY_HEADER)
         ]
         relayed.append((FORWARDED_BY_HEADER.encode(), self.router.url.encode()))
+        relayed.append((b"content-length", str(len(response.content)).encode()))
         start: HTTPResponseStartEvent = {
             "type": "http.response.start",
             "status": response.status_code,

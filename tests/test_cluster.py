@@ -82,6 +82,8 @@ async def test_every_node_answers_every_owner_like_a_single_node(
                     node.url + "/v1/retrieve", json={"user_id": owner, "query": query}
                 )
                 assert retrieved.status_code == 200, (node.name, retrieved.text)
+                # Relayed or not, the answer says its length (it used to be chunked).
+                assert retrieved.headers.get("content-length") == str(len(retrieved.content))
                 body = retrieved.json()
                 answers.append([r["node_id"] for r in body["results"]])
                 served_by.add(body["receipt"]["served_by"])
