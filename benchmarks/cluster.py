@@ -17,7 +17,7 @@ partitions (vectors from the changelog, every record replayed), so a standby's g
 with the records those partitions hold.
 
     python -m benchmarks.cluster throughput [--memories 2000] [--clients 16] [--seconds 20]
-    python -m benchmarks.cluster failover [--owners 60] [--messages 60000]
+    python -m benchmarks.cluster failover [--owners 200] [--messages 60000]
         [--session-timeout-s 3] [--bootstrap HOST:PORT]
 """
 
@@ -159,7 +159,13 @@ async def load(
                     node, RawHttpConnection(node)
                 )
                 began = time.perf_counter()
-                status, _ = await connection.post_json("/v1/retrieve", json.dumps(body).encode())
+                try:
+                    status, _ = await connection.post_json(
+                        "/v1/retrieve", json.dumps(body).encode()
+                    )
+                except (OSError, ValueError, asyncio.IncompleteReadError):
+                    await connection.close()  # counted; the next call reconnects
+                    status = 0
                 if status == 200:
                     samples.append(time.perf_counter() - began)
                 else:

@@ -44,7 +44,8 @@ class RawHttpConnection:
         self._writer.write(head + body)
         status_line = await self._reader.readuntil(b"\r\n")
         headers = await self._reader.readuntil(b"\r\n\r\n")
-        length, closing = 0, False
+        length: int | None = None
+        closing = False
         for line in headers.split(b"\r\n"):
             name, _, value = line.partition(b":")
             name = name.strip().lower()
@@ -53,7 +54,11 @@ class RawHttpConnection:
             elif name == b"connection" and value.strip().lower() == b"close":
                 closing = True
             elif name == b"transfer-encoding":
+                await self.close()
                 raise ValueError("a chunked answer: RawHttpConnection reads Content-Length only")
+        if length is None:
+            await self.close()
+            raise ValueError("an answer without Content-Length")
         payload = await self._reader.readexactly(length)
         if closing:
             await self.close()

@@ -86,9 +86,9 @@ def standalone_reader(
 def reading(reader: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> Iterator[None]:
     """Point a standalone reader at ``tp`` from ``offset``; paused afterwards, so it sends
     no fetches while nobody reads (an idle fetch would sit on the connection)."""
-    reader.assign([tp])
-    reader.seek(tp, offset)
     try:
+        reader.assign([tp])
+        reader.seek(tp, offset)
         yield
     finally:
         reader.pause(tp)

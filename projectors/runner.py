@@ -9,6 +9,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,18 @@ read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
 STAGING_SUFFIX = ".rebuild"
 """``shards/p<N>.rebuild/``: where a rebuild of partition N stages its models."""
 _log = logging.getLogger("prme.projector")
+
+
+@dataclass
+class Takeover:
+    """A partition assigned here and not served yet."""
+
+    since: float
+    """When it was assigned (monotonic clock)."""
+    how: str
+    """How its shard came: held, kept (parked through the rebalance), standby, opened."""
+    records: int = 0
+    """Records applied to it since."""
 
 
 class VectorsNotPublished(Exception):
@@ -134,9 +147,9 @@ class ProjectorRunner:
         self._assigned = asyncio.Event()
         self._owned_last: set[int] = set()
         self._wakers: set[asyncio.Task[None]] = set()
-        self._assigned_at: dict[int, tuple[float, str, int]] = {}
-        """Per partition assigned and not served yet: when, how its shard came, and the
-        offset it applied from (noted in the log and the takeover metrics once served)."""
+        self._takeovers: dict[int, Takeover] = {}
+        """Per partition assigned and not served yet (noted in the log and the takeover
+        metrics once served); one a rebalance interrupts resumes its first entry."""
         self._standby_waits: dict[int, tuple[int, float]] = {}
         """Per standby partition: the first offset of the batch waiting for its owner's
         vectors, and since when it waits."""
@@ -235,10 +248,10 @@ class ProjectorRunner:
     async def _on_assigned(self, partitions: set[int]) -> None:
         if self._stopping:  # a rebalance can complete while the consumer is closing
             return
+        began = time.monotonic()
         _log.info("assigned partitions %s", sorted(partitions))
         await self._close_parked(keep=partitions)
         ends = await self.transport.end_offsets()
-        began = time.monotonic()
         for partition in sorted(partitions):
             how = "kept"
             if partition in self._parked:
@@ -260,9 +273,8 @@ class ProjectorRunner:
             else:
                 how = "held"
             assert self._consumer is not None
-            start = self.shards[partition].applied_offset() + 1
-            self._assigned_at.setdefault(partition, (began, how, start))
-            self._consumer.seek(partition, start)
+            self._takeovers.setdefault(partition, Takeover(began, how))
+            self._consumer.seek(partition, self.shards[partition].applied_offset() + 1)
             self._targets[partition] = ends.get(partition, 0)
         self._owned_last = set(self.shards)
         self.metrics.cluster_partitions.labels("owner").set(len(self.shards))
@@ -347,6 +359,7 @@ class ProjectorRunner:
         for partition in sorted(set(self._parked) - keep):
             async with self._partition_lock(partition):
                 shard = self._parked.pop(partition, None)
+                self._takeovers.pop(partition, None)
                 if self.changelog is not None:
                     self.changelog.forget(partition)
                 if shard is not None:
@@ -354,6 +367,7 @@ class ProjectorRunner:
 
     async def _close_shard(self, partition: int) -> None:
         self._targets.pop(partition, None)
+        self._takeovers.pop(partition, None)
         if partition in self.shards:
             self._held[partition] = self.shards[partition].position
         self._consumed.pop(partition, None)
@@ -430,26 +444,29 @@ class ProjectorRunner:
                 self.restores.append(await self.changelog.restore(partition))
                 _log.info("restored vectors %s", self.restores[-1])
             dead = await shard.apply(entries, self._encode)
+        if (takeover := self._takeovers.get(partition)) is not None:
+            takeover.records += len(entries)
         self.metrics.batch_size.observe(len(entries))
         self.metrics.records_applied.labels(str(partition)).inc(len(entries))
         return dead
 
     def _note_served(self) -> None:
-        for partition, (since, how, start) in list(self._assigned_at.items()):
+        for partition, takeover in list(self._takeovers.items()):
+            if partition in self._parked:  # a rebalance meanwhile: the takeover resumes
+                continue
             if partition not in self._targets:
-                del self._assigned_at[partition]
+                del self._takeovers[partition]
             elif self.serving(partition):
-                del self._assigned_at[partition]
-                seconds = time.monotonic() - since
-                replayed = max(0, self.next_offset(partition) - start)
-                self.metrics.takeover_duration.labels(how).observe(seconds)
-                self.metrics.takeover_records.labels(how).inc(replayed)
+                del self._takeovers[partition]
+                seconds = time.monotonic() - takeover.since
+                self.metrics.takeover_duration.labels(takeover.how).observe(seconds)
+                self.metrics.takeover_records.labels(takeover.how).inc(takeover.records)
                 _log.info(
                     "partition %d served %.2fs after its assignment (%s, %d records applied)",
                     partition,
                     seconds,
-                    how,
-                    replayed,
+                    takeover.how,
+                    takeover.records,
                 )
 
     def _partition_lock(self, partition: int) -> asyncio.Lock:

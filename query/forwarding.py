@@ -207,9 +207,11 @@ def _replayer(body: bytes, complete: bool, receive: Receive) -> Receive:
 
 
 async def _refuse(send: Send, error: NotOwner, *, not_owner: bool) -> None:
+    content = msgspec.json.encode(ErrorBody("shard_unavailable", str(error)))
     headers: list[tuple[bytes, bytes]] = [
         (b"content-type", b"application/json"),
         (b"retry-after", str(max(1, round(error.retry_after_s))).encode()),
+        (b"content-length", str(len(content)).encode()),
     ]
     if not_owner:
         headers.append((NOT_OWNER_HEADER.encode(), b"1"))
@@ -219,7 +221,7 @@ async def _refuse(send: Send, error: NotOwner, *, not_owner: bool) -> None:
         "headers": headers,
     }
     await send(start)
-    await send(_body(msgspec.json.encode(ErrorBody("shard_unavailable", str(error)))))
+    await send(_body(content))
 
 
 def _body(content: bytes) -> HTTPResponseBodyEvent:

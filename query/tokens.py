@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from collections import OrderedDict
@@ -23,8 +24,11 @@ class TokenCounter:
     (an upper-bound stand-in that ``name`` reports as ``regex``)."""
 
     def __init__(self, tokenizer_file: Path | None = None, *, cached: int = CACHED_COUNTS) -> None:
+        if cached < 0:
+            raise ValueError("cached must be >= 0")
         self._cached = cached
-        self._counts: OrderedDict[str, int] = OrderedDict()
+        self._counts: OrderedDict[bytes, int] = OrderedDict()
+        """Counts by a digest of the text: bounded memory, and no owner's text kept."""
         self._lock = threading.Lock()  # a sync wrapper's loop may count on another thread
         self._tokenizer: Tokenizer | None = None
         if tokenizer_file is not None and tokenizer_file.exists():
@@ -44,20 +48,30 @@ class TokenCounter:
     def count_many(self, texts: list[str]) -> list[int]:
         """The counts of ``texts``; those counted lately are remembered (least recently
         used dropped first)."""
+        digests = [hashlib.blake2b(t.encode(), digest_size=16).digest() for t in texts]
         with self._lock:
             counts = self._counts
-            missing = list(dict.fromkeys(t for t in texts if t not in counts))
-            if missing:
-                if self._tokenizer is not None:
-                    encodings = self._tokenizer.encode_batch(missing, add_special_tokens=False)
-                    fresh = [len(e.ids) for e in encodings]
-                else:
-                    fresh = [len(_WORDS.findall(t)) for t in missing]
-                counts.update(zip(missing, fresh, strict=True))
+            missing = {d: t for d, t in zip(digests, texts, strict=True) if d not in counts}
+        if missing:  # counted outside the lock: another thread may count meanwhile
+            texts_missing = list(missing.values())
+            if self._tokenizer is not None:
+                encodings = self._tokenizer.encode_batch(texts_missing, add_special_tokens=False)
+                fresh = [len(e.ids) for e in encodings]
+            else:
+                fresh = [len(_WORDS.findall(t)) for t in texts_missing]
+            found = dict(zip(missing, fresh, strict=True))
+        else:
+            found = {}
+        with self._lock:
+            counts.update(found)
             answer = []
-            for text in texts:
-                counts.move_to_end(text)
-                answer.append(counts[text])
+            for digest, text in zip(digests, texts, strict=True):
+                count = counts.get(digest)
+                if count is None:  # dropped by another thread's eviction meanwhile
+                    count = found[digest] if digest in found else self.count(text)
+                    counts[digest] = count
+                counts.move_to_end(digest)
+                answer.append(count)
             while len(counts) > self._cached:
                 counts.popitem(last=False)
             return answer

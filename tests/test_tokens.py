@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from prme.query.tokens import TokenCounter
 
 
@@ -14,5 +18,22 @@ def test_remembered_counts_equal_fresh_ones_and_the_oldest_are_dropped() -> None
     assert counter.count_many(texts[:10] + texts[:10]) == fresh[:10] + fresh[:10]
     assert counter.count_many(texts) == fresh  # half remembered, half counted now
     assert len(counter._counts) == 25
-    assert list(counter._counts) == texts[15:]  # least recently used dropped first
+    kept = TokenCounter(cached=25)
+    kept.count_many(texts[15:])
+    assert list(counter._counts) == list(kept._counts)  # least recently used dropped first
     assert counter.count_many([]) == []
+    assert not any(b"caf" in digest for digest in counter._counts)  # digests, not texts
+
+
+@pytest.mark.model
+def test_the_model_tokenizer_counts_the_same_remembered_or_not() -> None:
+    from prme.schemas.config import Settings
+
+    tokenizer = next(Path(Settings().models_path).rglob("tokenizer.json"), None)
+    assert tokenizer is not None, "make model provisions the default model"
+    lines = [f"- [2026-01-02 10:00] (Ana, s1) we met at café {i}, twice!" for i in range(10)]
+    fresh = [TokenCounter(tokenizer).count(line) for line in lines]
+    counter = TokenCounter(tokenizer, cached=5)
+    assert counter.name == "wordpiece"
+    assert counter.count_many(lines) == fresh
+    assert counter.count_many(lines[::-1]) == fresh[::-1]
