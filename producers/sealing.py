@@ -40,9 +40,8 @@ class RecordSealer:
             if key is None:
                 sealed.append(item)
             else:
-                sealed.append(
-                    msgspec.structs.replace(item, value=self._sealer.seal(item.value, key))
-                )
+                value = self._sealer.seal(item.value, key, envelope)
+                sealed.append(msgspec.structs.replace(item, value=value))
         return sealed
 
 

@@ -130,10 +130,12 @@ class Sealer:
         """Drop the context of ``kid`` (its key was erased)."""
         self._contexts.pop(kid, None)
 
-    def seal(self, plain: bytes, key: DataKey) -> bytes:
+    def seal(self, plain: bytes, key: DataKey, envelope: Envelope | None = None) -> bytes:
         """The sealed form of ``plain`` (a plain record's log bytes). Records of
-        :data:`UNSEALED_KINDS` and already sealed bytes come back unchanged."""
-        envelope = envelope_of(plain)
+        :data:`UNSEALED_KINDS` and already sealed bytes come back unchanged. ``envelope``:
+        ``envelope_of(plain)``, when the caller has it already."""
+        if envelope is None:
+            envelope = envelope_of(plain)
         if envelope.sealed is not None or envelope.kind in UNSEALED_KINDS:
             return plain
         nonce = os.urandom(_NONCE_BYTES)
