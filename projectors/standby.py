@@ -24,6 +24,8 @@ POLL_S = 0.2
 """How often a caught-up standby asks the log for more."""
 CHUNK = 4096
 """Records read (and applied as one batch) at a time."""
+RETRY_S = 5.0
+"""How long the loop waits after a failure before it tries again."""
 _log = logging.getLogger("prme.standby")
 
 
@@ -50,6 +52,8 @@ class StandbyKeeper:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
+        """The last failure, until a pass over every standby succeeds again (the owners
+        still serve meanwhile; only the copies fall behind)."""
 
     def want(self, partitions: set[int], owned: set[int]) -> None:
         """The standbys the newest map gives this node (opened and closed by the loop);
@@ -81,21 +85,24 @@ class StandbyKeeper:
                     await shard.close()
 
     async def _run(self) -> None:
-        try:
-            while True:
+        while True:
+            try:
                 await self._reconcile()
                 applied = 0
                 for partition in list(self.shards):
                     applied += await self._step(partition)
-                if not applied:
-                    self._changed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), POLL_S)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as error:  # the owner still serves; this copy is stale
-            self.failure = error
-            _log.exception("standby replicas stopped")
+                self.failure = None
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the owners still serve; the copies fall behind
+                self.failure = error
+                _log.exception("standby replicas failed; trying again in %.0fs", RETRY_S)
+                await asyncio.sleep(RETRY_S)
+                continue
+            if not applied:
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), POLL_S)
 
     async def _reconcile(self) -> None:
         for partition in sorted(set(self.shards) - self._wanted):

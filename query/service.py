@@ -202,6 +202,8 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
             await runner.wait_applied(partition, -1, 0.0)
         except ShardUnavailable as error:
             ok, detail = False, str(error)
+    if ok and (standby_failure := runner.standbys.failure) is not None:
+        detail += f"; standby replicas failing (the owners serve): {standby_failure!r}"
     body = Readiness(ready=ok, detail=detail, partitions=sorted(shards), lag=lag)
     return Response(body, status_code=200 if ok else 503)
 

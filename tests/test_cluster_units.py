@@ -95,3 +95,64 @@ def test_processes_start_when_a_members_port_is_taken(tmp_path: Path) -> None:
         finally:
             parent.terminate()
             parent.wait(timeout=60)
+
+
+async def test_standby_replicas_try_again_after_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing standby loop used to stop for good (logged once): every copy then fell
+    behind silently and a later failover replayed whole partitions."""
+    import asyncio
+
+    from prme.producers.local_log import LocalLogTransport
+    from prme.producers.transport import LogItem
+    from prme.projectors import standby
+    from prme.projectors.standby import StandbyKeeper
+
+    monkeypatch.setattr(standby, "RETRY_S", 0.05, raising=False)
+    transport = LocalLogTransport(tmp_path / "log.sqlite3", partitions=1)
+    await transport.start()
+
+    class Copy:
+        position = -1
+
+        def applied_offset(self) -> int:
+            return self.position
+
+        async def ensure_open(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+    copy, attempts = Copy(), []
+
+    async def apply(partition: int, shard: Any, entries: list[Any]) -> bool:
+        attempts.append(len(entries))
+        if len(attempts) == 1:
+            raise OSError("disk hiccup")
+        shard.position = entries[-1].offset
+        return True
+
+    async def open_shard(partition: int) -> Any:
+        return copy
+
+    locks: dict[int, asyncio.Lock] = {}
+    keeper = StandbyKeeper(
+        transport, open_shard, apply, lambda p: locks.setdefault(p, asyncio.Lock())
+    )
+    try:
+        await transport.append(LogItem(b"owner", b"first"))
+        keeper.want({0}, set())
+        deadline = asyncio.get_running_loop().time() + 10
+        while keeper.failure is None and not copy.position >= 0:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        await transport.append(LogItem(b"owner", b"second"))
+        while copy.position < 1 or keeper.failure is not None:
+            assert asyncio.get_running_loop().time() < deadline, (attempts, keeper.failure)
+            await asyncio.sleep(0.01)
+        assert attempts[0] >= 1 and len(attempts) >= 2
+    finally:
+        await keeper.close()
+        await transport.close()
