@@ -34,7 +34,9 @@ def plan_cluster(
     """Owners and standbys per member id: balanced (counts differ by at most one), a
     member keeps the partitions it owned, a partition that must move goes to the member
     with the most caught-up copy of it (a standby), then to the least loaded member.
-    A member with an empty URL (a ``prme project`` worker) projects but is not routed to."""
+    A member with an empty URL (a ``prme project`` worker) projects but is not routed to.
+    Standbys per partition: the most that ``standby_replicas`` or any claim asks for, on
+    members that hold standbys."""
     ordered = sorted(claims, key=lambda m: (claims[m].url, m))
     todo = sorted(set(partitions))
     if not ordered:
@@ -58,14 +60,14 @@ def plan_cluster(
         )
         owned[best].append(partition)
     standbys: dict[str, list[int]] = {m: [] for m in ordered}
-    replicas = min(standby_replicas, len(ordered) - 1)
+    replicas = max([standby_replicas, *(claims[m].standby_replicas for m in ordered)])
     owner_of = {p: m for m in ordered for p in owned[m]}
     # (standby member, owner) -> how many of that owner's partitions it backs: spread
     # evenly, so when an owner dies each survivor has room for the standbys it holds.
     backing: dict[tuple[str, str], int] = {}
     for partition in todo:
         owner = owner_of[partition]
-        others = [m for m in ordered if m != owner]
+        others = [m for m in ordered if m != owner and claims[m].holds_standbys]
         others.sort(
             key=lambda m: (
                 -claims[m].warm.get(partition, -1),

@@ -220,7 +220,16 @@ class ProjectorRunner:
             self._held[partition] = shard.position
         self._held.update(self.standbys.positions())
         owned = sorted(self._owned_last)
-        return MemberClaim(url=self.url, owned=owned, warm=dict(self._held), generation=generation)
+        return MemberClaim(
+            url=self.url,
+            owned=owned,
+            warm=dict(self._held),
+            generation=generation,
+            standby_replicas=self.settings.cluster.standby_replicas,
+            # Sibling processes share one data directory: a standby would sit in the very
+            # directory its owner writes, so they hold none of each other's.
+            holds_standbys=self._keep_revoked,
+        )
 
     def _on_map(self, cluster_map: ClusterMap) -> None:
         self.cluster_map = cluster_map

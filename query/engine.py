@@ -134,10 +134,6 @@ class MemoryEngine(MemoryBackend):
         data_dir = settings.data_path
         data_dir.mkdir(parents=True, exist_ok=True)
         lock = DataDirLock.acquire(data_dir)
-        if not lock.held and settings.cluster.standby_replicas:
-            # Processes sharing one data directory would keep a standby in the very
-            # directory its owner writes: siblings get no standbys of each other.
-            settings = settings.replace(cluster={"standby_replicas": 0})
         try:
             return await cls._start_locked(settings, provider, metrics, url, catch_up, lock)
         except BaseException:

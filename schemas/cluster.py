@@ -56,6 +56,12 @@ class MemberClaim(msgspec.Struct, frozen=True, kw_only=True):
     leader prefers the most caught-up holder when a partition must move."""
     generation: int = -1
     """The newest map generation it has seen; the leader's map is one newer."""
+    standby_replicas: int = 0
+    """The standbys per partition it was started with: the group keeps the most any
+    member asks for, so nodes need not agree (nor the leader be the one that asked)."""
+    holds_standbys: bool = True
+    """False for a process that shares its data directory with sibling processes (a
+    standby would sit in the directory its owner writes): it is given none."""
 
 
 def static_map(urls: list[str], partitions: int) -> ClusterMap:

@@ -152,7 +152,8 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     read to the partition's owner, reading the map from the group."""
     standby_replicas: int = 0
     """Warm copies of each partition kept by other members, applied continuously; the
-    assignor hands a moved partition to its most caught-up standby."""
+    assignor hands a moved partition to its most caught-up standby. The group keeps the
+    most any member asks for; processes sharing a data directory hold none."""
     static_members: list[str] = []
     """The embedded local log only (``prme serve --processes N``): every process's URL;
     process i owns the partitions p with p mod N == i."""

@@ -66,3 +66,30 @@ def test_an_owners_standbys_are_spread_over_the_other_members() -> None:
             sum(p in plan[m].standbys for p in plan[owner].partitions) for m in plan if m != owner
         ]
         assert sorted(backed) == [2, 2], (owner, plan)
+
+
+def test_any_member_asking_for_standbys_gets_them_for_the_group() -> None:
+    # Only c was started with --standby-replicas 1; the leader (planning with its own 0)
+    # used to plan none, as the README's example shows the flag on one node.
+    claims = {
+        "a": MemberClaim(url="http://a"),
+        "b": MemberClaim(url="http://b"),
+        "c": MemberClaim(url="http://c", standby_replicas=1),
+    }
+    plan = plan_cluster(claims, range(12), standby_replicas=0)
+    held = sorted(p for m in plan for p in plan[m].standbys)
+    assert held == list(range(12))
+    for member in plan:
+        assert not set(plan[member].standbys) & set(owned(plan, member))
+
+
+def test_processes_sharing_a_data_directory_hold_no_standbys() -> None:
+    # Two --processes children of one directory, and a node of its own.
+    claims = {
+        "a": MemberClaim(url="http://a:1", standby_replicas=1, holds_standbys=False),
+        "b": MemberClaim(url="http://a:2", standby_replicas=1, holds_standbys=False),
+        "c": MemberClaim(url="http://c", standby_replicas=1),
+    }
+    plan = plan_cluster(claims, range(12))
+    assert plan["a"].standbys == plan["b"].standbys == []
+    assert plan["c"].standbys == sorted(owned(plan, "a") + owned(plan, "b"))
