@@ -271,7 +271,7 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
         dead_letters=dead_letters,
         metrics=metrics,
         group=settings.cluster.group,
-        keep_revoked=lock.held,  # --workers share one directory: hand shards over at once
+        own_data_dir=lock.held,  # False for --workers: they share one directory
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -90,14 +90,16 @@ class ProjectorRunner:
         vectors: VectorBackend | None = None,
         metrics: Metrics | None = None,
         url: str = "",
-        keep_revoked: bool = True,
+        own_data_dir: bool = True,
         keys: KeyStore | None = None,
     ) -> None:
         """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name;
         without ``keys``, the key store ``settings`` name (it opens sealed records).
         ``url``: where this node is reached, carried to the group with its claim (empty:
-        a worker that projects but serves nothing). ``keep_revoked=False`` closes a revoked
-        shard at once (processes sharing one data directory hand shards to each other)."""
+        a worker that projects but serves nothing). ``own_data_dir=False``: sibling
+        processes share the data directory, so a revoked shard is closed at once (a sibling
+        opens it next) and this process holds no standbys (one would sit in the directory
+        its owner writes)."""
         self.settings = settings
         self.transport = transport
         self.provider = provider
@@ -124,7 +126,7 @@ class ProjectorRunner:
         """One entry per vector changelog restore this runner ran (partition, records, s)."""
         self.shards: dict[int, Shard] = {}
         self.url = url
-        self._keep_revoked = keep_revoked
+        self._own_data_dir = own_data_dir
         self._parked: dict[int, Shard] = {}
         self.cluster_map: ClusterMap | None = None
         """The newest map the group handed this member (None before the first one)."""
@@ -226,9 +228,7 @@ class ProjectorRunner:
             warm=dict(self._held),
             generation=generation,
             standby_replicas=self.settings.cluster.standby_replicas,
-            # Sibling processes share one data directory: a standby would sit in the very
-            # directory its owner writes, so they hold none of each other's.
-            holds_standbys=self._keep_revoked,
+            holds_standbys=self._own_data_dir,
         )
 
     def _on_map(self, cluster_map: ClusterMap) -> None:
@@ -356,7 +356,7 @@ class ProjectorRunner:
         async with self._apply_lock:
             for partition in partitions:
                 async with self._partition_lock(partition):  # waits out a rebuild's swap
-                    if self._keep_revoked and partition in self.shards:
+                    if self._own_data_dir and partition in self.shards:
                         self._targets.pop(partition, None)
                         self._consumed.pop(partition, None)
                         self._held[partition] = self.shards[partition].position

@@ -181,7 +181,7 @@ class MemoryEngine(MemoryBackend):
             metrics=metrics or metrics_from(settings),
             url=url or "",
             group=settings.cluster.group,
-            keep_revoked=lock.held,  # under a parent's lock, sibling processes share shards
+            own_data_dir=lock.held,  # False under a parent's lock: siblings share it
         )
         router = None
         if url is not None:
