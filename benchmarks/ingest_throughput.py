@@ -3,10 +3,14 @@ aiokafka producer sending the same bytes in the same run (JSON on stdout).
 
 The prme figures run the CLI's own code path in-process: ``producers.ingest.ingest_lines``
 with a ``Producer`` over the transport (what ``prme ingest FILE`` does, minus the progress
-bar), reading a generated JSONL file of ~300-byte lines. The baseline is an
-``AIOKafkaProducer`` (``acks=all``, idempotent, no transactions) sending the same keys and
-the same encoded record values to the same partitions. Runs are interleaved (local,
-prme-kafka, bare, local, ...) so machine noise hits each alike; medians are quoted.
+bar), reading a generated JSONL file of ~300-byte lines. ``prme_kafka`` is what ``prme
+ingest`` does on Kafka by default: lines built in the forked worker and sealed with the
+owners' data keys from the ``<topic>.keys`` topic; ``prme_kafka_plain`` the same with
+``log.seal_records`` off, ``prme_kafka_inline`` sealed but built in-process. The baseline
+is an ``AIOKafkaProducer`` (``acks=all``, idempotent, no transactions) sending the same
+keys to the same partitions: ``bare_aiokafka`` the sealed values prme writes (same sizes;
+one key per owner), ``bare_aiokafka_plain`` the plain encoded records. Runs are
+interleaved so machine noise hits each alike; medians are quoted.
 
     python -m benchmarks.ingest_throughput [--messages 100000] [--runs 3]
         [--bootstrap HOST:PORT | --no-kafka] [--out FILE]
@@ -36,6 +40,7 @@ from benchmarks.common import (
     ratio,
     run_benchmark,
 )
+from prme.producers.factory import open_key_store
 from prme.producers.ingest import draft_from_line, ingest_lines
 from prme.producers.ingest_build import builder_process
 from prme.producers.kafka_log import KafkaLogTransport
@@ -45,6 +50,8 @@ from prme.producers.partitioner import partition_for_key
 from prme.producers.producer import Producer
 from prme.producers.transport import LogTransport
 from prme.schemas.codec import encode_record
+from prme.schemas.config import LogSettings, Settings
+from prme.schemas.sealing import Sealer, new_data_key
 
 
 def write_jsonl(path: Path, messages: int, owners: int, seed: int = 7) -> dict[str, float]:
@@ -77,6 +84,19 @@ def encoded_items(path: Path, partitions: int) -> list[tuple[bytes, bytes, int]]
             key = record.owner.encode()
             items.append((key, encode_record(record), partition_for_key(key, partitions)))
     return items
+
+
+def sealed_items(items: list[tuple[bytes, bytes, int]]) -> list[tuple[bytes, bytes, int]]:
+    """``items`` sealed as prme seals them, with one fresh data key per owner."""
+    sealer = Sealer()
+    keys = {key: new_data_key() for key, _, _ in items}
+    return [(key, sealer.seal(value, keys[key]), partition) for key, value, partition in items]
+
+
+def kafka_keys(bootstrap: str, topic: str, partitions: int) -> KeyStore:
+    """The key store ``prme ingest`` opens on Kafka for ``topic`` (``<topic>.keys``)."""
+    log = LogSettings(transport="kafka", bootstrap=bootstrap, topic=topic, partitions=partitions)
+    return open_key_store(Settings(log=log))
 
 
 async def prme_ingest(
@@ -151,8 +171,10 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     source = work / "messages.jsonl"
     sizes = write_jsonl(source, arguments.messages, arguments.owners)
     partitions = arguments.partitions
-    items = encoded_items(source, partitions)
-    sizes["mean_value_bytes"] = round(sum(len(v) for _, v, _ in items) / len(items), 1)
+    plain_items = encoded_items(source, partitions)
+    items = sealed_items(plain_items)
+    sizes["mean_value_bytes"] = round(sum(len(v) for _, v, _ in plain_items) / len(items), 1)
+    sizes["mean_sealed_value_bytes"] = round(sum(len(v) for _, v, _ in items) / len(items), 1)
     rates: dict[str, list[float]] = {"local": [], "local_sealed": [], "build_only": []}
     broker = (
         kafka_broker(arguments.bootstrap, work / "kafka")
@@ -161,9 +183,10 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     )
     with broker as bootstrap:
         if bootstrap is not None:
-            rates["prme_kafka"] = []
-            rates["prme_kafka_inline"] = []
+            for name in ("prme_kafka", "prme_kafka_plain", "prme_kafka_inline"):
+                rates[name] = []
             rates["bare_aiokafka"] = []
+            rates["bare_aiokafka_plain"] = []
         for run in range(arguments.runs):
             rates["build_only"].append(build_only(source, partitions))
             local = LocalLogTransport(work / f"local-{run}" / "log.sqlite3", partitions)
@@ -180,30 +203,40 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             if bootstrap is None:
                 continue
             topic = f"prme-bench-ingest-{uuid.uuid4().hex[:10]}"
-            kafka = KafkaLogTransport(bootstrap, topic, partitions)
-            rates["prme_kafka"].append(await prme_ingest(source, kafka, arguments.batch_size))
-            inline = KafkaLogTransport(bootstrap, f"{topic}-inline", partitions)
-            rates["prme_kafka_inline"].append(
-                await prme_ingest(source, inline, arguments.batch_size, built=False)
-            )
+            for name, suffix, built, sealed in (
+                ("prme_kafka", "", True, True),
+                ("prme_kafka_plain", "-plain", True, False),
+                ("prme_kafka_inline", "-inline", False, True),
+            ):
+                kafka = KafkaLogTransport(bootstrap, topic + suffix, partitions)
+                keys = kafka_keys(bootstrap, topic + suffix, partitions) if sealed else None
+                rates[name].append(
+                    await prme_ingest(source, kafka, arguments.batch_size, built=built, keys=keys)
+                )
             bare_topic = f"prme-bench-bare-{uuid.uuid4().hex[:10]}"
             rates["bare_aiokafka"].append(
                 await bare_aiokafka(bootstrap, bare_topic, partitions, items)
             )
+            rates["bare_aiokafka_plain"].append(
+                await bare_aiokafka(bootstrap, bare_topic + "-plain", partitions, plain_items)
+            )
     medians = {name: round(median(values), 1) for name, values in rates.items()}
     bare = medians.get("bare_aiokafka", 0.0)
+    bare_plain = medians.get("bare_aiokafka_plain", 0.0)
     return {
         "benchmark": "ingest_throughput",
         "machine": machine(),
         "code_path": (
             "in-process producers.ingest.ingest_lines + Producer, as `prme ingest` runs it "
             "(no progress bar); append_many(atomic=False) per batch: the idempotent producer, "
-            "no transaction; prme_kafka builds lines in a forked worker process (as prme "
-            "ingest does for a large file), prme_kafka_inline builds them in-process"
+            "no transaction; prme_kafka builds and seals lines in a forked worker process "
+            "(as prme ingest does for a large file; keys from <topic>.keys), "
+            "prme_kafka_plain does not seal, prme_kafka_inline builds in-process"
         ),
         "baseline": (
             "bare AIOKafkaProducer, acks=all, enable_idempotence=True, no transactions, same "
-            "keys/encoded values/partitions, all sends in flight then awaited"
+            "keys/partitions, all sends in flight then awaited: bare_aiokafka sends the "
+            "sealed values (the bytes prme writes), bare_aiokafka_plain the plain ones"
         ),
         "messages": arguments.messages,
         "owners": arguments.owners,
@@ -218,6 +251,10 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             "prme_kafka_inline_to_bare_aiokafka": ratio(
                 medians.get("prme_kafka_inline", 0.0), bare
             ),
+            "prme_kafka_plain_to_bare_aiokafka_plain": ratio(
+                medians.get("prme_kafka_plain", 0.0), bare_plain
+            ),
+            "prme_kafka_to_bare_aiokafka_plain": ratio(medians.get("prme_kafka", 0.0), bare_plain),
             "local_to_bare_aiokafka": ratio(medians["local"], bare),
             "local_to_build_only": ratio(medians["local"], medians["build_only"]),
         },

@@ -186,13 +186,13 @@ async def _ingest_built(
 ) -> IngestSummary:
     """``ingest_lines`` with the building done by ``builder``: the same batching, limits,
     error handling and summary."""
-    from .ingest_build import BUILD_CHUNK, BuiltLine, build_lines, decode_built
+    from .ingest_build import BUILD_CHUNK, SEALING_OWNERS, BuiltLine, build_lines, decode_built
 
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
     errors: list[LineError] = []
     sender = _InFlight(max_in_flight, progress)
-    pending: collections.deque[asyncio.Future[bytes]] = collections.deque()
+    pending: collections.deque[asyncio.Future[list[BuiltLine]]] = collections.deque()
     count = 0
     batch: list[LogItem] = []
     event_ids: list[str] = []
@@ -205,6 +205,28 @@ async def _ingest_built(
         await sender.send(
             functools.partial(producer.append_items, items, ids, atomic=False), len(items)
         )
+
+    # The owners of the latest lines, whose keys go with the next chunk (see ingest_build).
+    recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    async def remember(built: list[BuiltLine]) -> None:
+        """Note the owners of ``built`` (up to a line that stops the ingest) as recent, and
+        have their keys ready: created in one key-store call, while the chunks before are
+        still being sent (so an ingest stopped by a bad line may leave a key for an owner of
+        a later chunk, which seals nothing)."""
+        owners: dict[str, None] = {}
+        for line in built:
+            if line.error is not None and on_error == "stop":
+                break
+            if line.owner is not None:
+                owners[line.owner] = None
+        if await producer.sealing_keys(owners) is None:
+            return
+        for owner in owners:
+            recent[owner] = None
+            recent.move_to_end(owner)
+        while len(recent) > SEALING_OWNERS:
+            recent.popitem(last=False)
 
     async def take(built: list[BuiltLine]) -> bool:
         """Batch the built lines; ``False`` once a bad line stops the ingest."""
@@ -223,8 +245,15 @@ async def _ingest_built(
                 await flush()
         return True
 
+    async def built(first: int, chunk: list[bytes]) -> list[BuiltLine]:
+        keys = await producer.sealing_keys(recent) if recent else None
+        data = await loop.run_in_executor(builder, build_lines, first, chunk, producer.limits, keys)
+        lines = decode_built(data)
+        await remember(lines)
+        return lines
+
     def submit(first: int, chunk: list[bytes]) -> None:
-        pending.append(loop.run_in_executor(builder, build_lines, first, chunk, producer.limits))
+        pending.append(asyncio.ensure_future(built(first, chunk)))
 
     going = True
     number, chunk = 1, []
@@ -236,16 +265,17 @@ async def _ingest_built(
             submit(number, chunk)
             number, chunk = number + len(chunk), []
             while going and len(pending) > 2:  # two chunks building while one is sent
-                going = await take(decode_built(await pending.popleft()))
+                going = await take(await pending.popleft())
             if not going:
                 break
         if going and chunk:
             submit(number, chunk)
         while going and pending:
-            going = await take(decode_built(await pending.popleft()))
+            going = await take(await pending.popleft())
     finally:
         for future in pending:
             future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
     if not going:
         batch, event_ids = [], []
     await flush()

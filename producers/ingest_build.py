@@ -4,7 +4,16 @@ GIL keeps a builder thread from running beside the event loop's sends).
 
 The worker runs the same code as the in-process path (``draft_from_line`` and the
 producer's record-to-log-item step), so what it writes is byte for byte what ``prme
-ingest`` writes without it, apart from the event ids and timestamps every build draws.
+ingest`` writes without it, apart from the event ids, timestamps and nonces every build
+draws.
+
+Sealing: the parent hands each chunk the writing keys of the owners it has seen lately,
+as its key store gave them at that moment (``KeyStore.writing_keys``, which re-reads a key
+older than ``write_ttl_s``); the worker seals those owners' records with them. A record
+of an owner not among them comes back plain and the producer seals it in the parent, as
+every append does. The worker never reads or creates keys itself, so it holds a key no
+longer than the chunk it came with: an erasure elsewhere reaches this ingest exactly as
+it does without the worker (within the parent's ``write_ttl_s``).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import msgspec
 
 from prme.schemas.config import LimitsSettings
 from prme.schemas.errors import InvalidInput
+from prme.schemas.sealing import DataKey, Sealer
 
 from .local_log import LocalLogTransport
 from .producer import Producer, log_item
@@ -25,6 +35,8 @@ from .transport import LogItem
 
 BUILD_CHUNK = 2_000
 """Lines a worker builds per call: large enough that the hand-over cost is small."""
+SEALING_OWNERS = 4_096
+"""The most owners whose keys go with a chunk (the most recently seen ones)."""
 
 
 class BuiltLine(msgspec.Struct, frozen=True, array_like=True):
@@ -34,24 +46,37 @@ class BuiltLine(msgspec.Struct, frozen=True, array_like=True):
     item: LogItem | None = None
     event_id: str | None = None
     error: str | None = None
+    owner: str | None = None
 
 
-def build_lines(first_number: int, lines: list[bytes], limits: LimitsSettings) -> bytes:
+def build_lines(
+    first_number: int,
+    lines: list[bytes],
+    limits: LimitsSettings,
+    keys: dict[str, DataKey] | None = None,
+) -> bytes:
     """Build ``lines`` (numbered from ``first_number``; blank lines skipped) into log items,
-    msgpack-encoded for the trip back to the parent."""
+    msgpack-encoded for the trip back to the parent; the records of owners in ``keys`` are
+    sealed with their key."""
     from .ingest import draft_from_line
 
     # Only the builders are used: this producer never appends (its log is never started).
     producer = Producer(LocalLogTransport(Path(os.devnull), 1), limits)
+    sealer = Sealer()
     built: list[BuiltLine] = []
     for number, raw in enumerate(lines, start=first_number):
         if not raw.strip():
             continue
         try:
             record = draft_from_line(raw, producer)
-            built.append(BuiltLine(number, item=log_item(record), event_id=record.event_id))
         except InvalidInput as error:
             built.append(BuiltLine(number, error=str(error)))
+            continue
+        item = log_item(record)
+        key = keys.get(record.owner) if keys else None
+        if key is not None:
+            item = msgspec.structs.replace(item, value=sealer.seal(item.value, key))
+        built.append(BuiltLine(number, item, record.event_id, owner=record.owner))
     return msgspec.msgpack.encode(built)
 
 

@@ -9,7 +9,7 @@ after ``delete.retention.ms``. Nothing here knows what the keys or values mean.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -179,11 +179,19 @@ class KafkaChangelog:
 
     async def end_offset(self, partition: int) -> int:
         """The offset the next record of ``partition`` will get."""
-        self._check(partition)
+        return (await self.end_offsets([partition]))[partition]
+
+    async def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
+        """:meth:`end_offset` of each of ``partitions``, asked in one request."""
+        wanted = sorted(set(partitions))
+        if not wanted:
+            return {}
+        for partition in wanted:
+            self._check(partition)
         reader = self._require(self._reader)
-        tp = TopicPartition(self._topic, partition)
-        ends = await bounded(reader.end_offsets([tp]), self._timeout_s, "changelog end offset")
-        return int(ends[tp])
+        tps = [TopicPartition(self._topic, partition) for partition in wanted]
+        ends = await bounded(reader.end_offsets(tps), self._timeout_s, "changelog end offset")
+        return {tp.partition: int(ends[tp]) for tp in tps}
 
     async def read(
         self, partition: int, offset: int, end: int, max_records: int = 5000

@@ -72,10 +72,13 @@ class KafkaKeyStore(CachingKeyStore):
     async def close(self) -> None:
         await self._topic.close()
 
-    async def _catch_up(self, partition: int) -> dict[str, dict[str, bytes]]:
+    async def _catch_up(
+        self, partition: int, end: int | None = None
+    ) -> dict[str, dict[str, bytes]]:
         state = self._state.setdefault(partition, {})
         offset = self._next.get(partition, 0)
-        end = await self._topic.end_offset(partition)
+        if end is None:
+            end = await self._topic.end_offset(partition)
         while offset < end:
             entries, offset = await self._topic.read(partition, offset, end)
             for entry in entries:
@@ -99,8 +102,9 @@ class KafkaKeyStore(CachingKeyStore):
         for owner in owners:
             by_partition.setdefault(self._partitioner(owner.encode()), []).append(owner)
         found: dict[str, dict[str, bytes]] = {}
+        ends = await self._topic.end_offsets(by_partition)  # one request, not one each
         for partition, members in by_partition.items():
-            state = await self._catch_up(partition)
+            state = await self._catch_up(partition, ends[partition])
             for owner in members:
                 if owner in state:
                     found[owner] = dict(state[owner])

@@ -88,6 +88,9 @@ class CachingKeyStore:
 
     async def writing_keys(self, owners: Iterable[str]) -> dict[str, DataKey]:
         wanted = list(dict.fromkeys(owners))
+        held = self._fresh(wanted)
+        if held is not None:  # every key held and fresh: no need to queue behind a creation
+            return held
         async with self._lock:
             now = time.monotonic()
             stale = [
@@ -111,6 +114,19 @@ class CachingKeyStore:
                 chosen[owner] = DataKey(kid, held[kid])
             return chosen
 
+    def _fresh(self, owners: list[str]) -> dict[str, DataKey] | None:
+        """The key each of ``owners`` seals with, if every one is held and read within
+        ``write_ttl_s``; else ``None``."""
+        now = time.monotonic()
+        chosen: dict[str, DataKey] = {}
+        for owner in owners:
+            held = self._held.get(owner)
+            if not held or now - self._read_at.get(owner, 0.0) > self._write_ttl_s:
+                return None
+            kid = next(iter(held))
+            chosen[owner] = DataKey(kid, held[kid])
+        return chosen
+
     async def reading_keys(self, refs: Iterable[KeyRef]) -> dict[KeyRef, bytes]:
         wanted = set(refs)
         async with self._lock:
@@ -126,10 +142,12 @@ class CachingKeyStore:
             return found
 
     async def erase(self, owner: str) -> None:
+        # Dropped before the delete, so a writer on the lock-free path of writing_keys
+        # meanwhile queues behind this erasure instead of sealing with the key it deletes.
+        self.forget(owner)
         async with self._lock:
+            self.forget(owner)
             await self._delete(owner)
-            self._held.pop(owner, None)
-            self._read_at.pop(owner, None)
 
     def forget(self, owner: str) -> None:
         self._held.pop(owner, None)

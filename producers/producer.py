@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -30,6 +30,7 @@ from prme.schemas.records import (
     OwnerErased,
     Record,
 )
+from prme.schemas.sealing import DataKey
 
 from .keys import KeyStore
 from .sealing import RecordSealer
@@ -235,6 +236,13 @@ class Producer:
         )
         check_history(owner, session_id, scope, drafts, REPLACEMENT_MISMATCH)
         return [marker, *(self.build_message(draft) for draft in drafts)]
+
+    async def sealing_keys(self, owners: Iterable[str]) -> dict[str, DataKey] | None:
+        """The keys this producer would seal ``owners``' records with now (created where
+        an owner has none); ``None`` when it does not seal."""
+        if self._sealer is None:
+            return None
+        return await self._sealer.keys.writing_keys(owners)
 
     async def append_message(self, draft: MessageDraft) -> AppendReceipt:
         return (await self.append_records([self.build_message(draft)]))[0]

@@ -9,10 +9,14 @@ from pathlib import Path
 import pytest
 
 from prme.producers.ingest import ingest_lines
-from prme.producers.ingest_build import BUILD_CHUNK, builder_process
+from prme.producers.ingest_build import BUILD_CHUNK, build_lines, builder_process, decode_built
+from prme.producers.keys import LocalKeyStore
 from prme.producers.local_log import LocalLogTransport
 from prme.producers.producer import Producer
+from prme.producers.sealing import keys_for
 from prme.schemas.codec import decode_record
+from prme.schemas.config import LimitsSettings
+from prme.schemas.sealing import Sealer, is_sealed, new_data_key
 
 
 def _lines(count: int, bad: dict[int, str]) -> list[bytes]:
@@ -72,6 +76,64 @@ async def test_built_lines_give_the_same_log_and_summary(tmp_path: Path, on_erro
     assert [e.line for e in built.errors] == ([1234, 4100] if on_error == "skip" else [1234])
     if on_error == "stop":  # two full batches went out; the one holding line 1234 did not
         assert built.written == 1000
+
+
+def test_the_worker_seals_the_records_of_the_owners_whose_keys_it_is_given() -> None:
+    lines = _lines(40, {})
+    key = new_data_key()
+    built = decode_built(build_lines(1, lines, LimitsSettings(), {"u3": key}))
+    sealer = Sealer()
+    for line in built:
+        assert line.item is not None
+        if line.owner == "u3":
+            assert is_sealed(line.item.value)
+            record, _ = sealer.open(line.item.value, key.key)
+            assert record.content == f"line {line.number}"  # type: ignore[union-attr]
+        else:
+            assert not is_sealed(line.item.value)
+    assert sum(line.owner == "u3" for line in built) == 6
+
+
+async def test_a_sealed_ingest_built_in_the_worker_writes_only_sealed_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker seals with the keys the parent's store hands it; the parent seals only the
+    lines built before it knew their owners' keys (the first chunks in flight)."""
+    count = 8 * BUILD_CHUNK
+    lines = _lines(count, {})
+    transport = LocalLogTransport(tmp_path / "log.sqlite3", 4)
+    keys = LocalKeyStore(tmp_path / "keys.sqlite3")
+    builder = builder_process()  # forked before the parent's seal is counted below
+    sealed_here = 0
+    seal = Sealer.seal
+
+    def counting_seal(self: Sealer, plain: bytes, *args: object) -> bytes:
+        nonlocal sealed_here
+        sealed = seal(self, plain, *args)  # type: ignore[arg-type]
+        sealed_here += sealed != plain
+        return sealed
+
+    monkeypatch.setattr(Sealer, "seal", counting_seal)
+    await transport.start()
+    await keys.start()
+    try:
+        summary = await ingest_lines(lines, Producer(transport, keys=keys), builder=builder)
+        values = [
+            entry.value
+            for partition in range(4)
+            for entry in await transport.read(partition, 0, 100_000)
+        ]
+        opened = await keys_for(keys, values)
+    finally:
+        await keys.close()
+        await transport.close()
+        builder.shutdown()
+    assert summary.written == len(values) == count - count // 997
+    assert all(is_sealed(value) for value in values)
+    sealer = Sealer()
+    contents = sorted(sealer.open_with(value, opened)[0].content for value in values)  # type: ignore[union-attr]
+    assert contents == sorted(f"line {n}" for n in range(1, count + 1) if n % 997)
+    assert 0 < sealed_here <= 3 * BUILD_CHUNK  # the rest was sealed in the worker
 
 
 def test_the_partitioner_memo_gives_kafkas_partition_for_every_key() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,7 +15,14 @@ from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.config import Settings
 from prme.schemas.errors import RecordDecodeError
 from prme.schemas.records import Message, NodeArchived, OwnerErased
-from prme.schemas.sealing import ErasedRecord, Sealer, envelope_of, is_sealed, new_data_key
+from prme.schemas.sealing import (
+    DataKey,
+    ErasedRecord,
+    Sealer,
+    envelope_of,
+    is_sealed,
+    new_data_key,
+)
 
 SECRET = "zebra-7731-secret"
 
@@ -122,6 +130,61 @@ async def test_the_local_key_store_keeps_one_key_per_owner_until_it_is_erased(
         await second.close()
     held = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
     assert alice.key not in held and bob.key in held
+
+
+async def test_a_writer_whose_keys_are_held_does_not_wait_on_another_owners_creation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalKeyStore(tmp_path / "keys.sqlite3")
+    await store.start()
+    try:
+        bob = (await store.writing_keys(["bob"]))["bob"]
+        release = asyncio.Event()
+        create = store._create
+
+        async def slow_create(owners: list[str]) -> dict[str, DataKey]:
+            await release.wait()
+            return await create(owners)
+
+        monkeypatch.setattr(store, "_create", slow_create)
+        creating = asyncio.create_task(store.writing_keys(["carol"]))
+        await asyncio.sleep(0.05)
+        assert not creating.done()
+        held = await asyncio.wait_for(store.writing_keys(["bob"]), 1.0)
+        assert held == {"bob": bob}
+        release.set()
+        assert (await creating)["carol"].kid != bob.kid
+    finally:
+        await store.close()
+
+
+async def test_a_writer_during_an_erasure_gets_a_new_key_not_the_erased_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalKeyStore(tmp_path / "keys.sqlite3")
+    await store.start()
+    try:
+        old = (await store.writing_keys(["alice"]))["alice"]
+        entered, release = asyncio.Event(), asyncio.Event()
+        delete = store._delete
+
+        async def slow_delete(owner: str) -> None:
+            entered.set()
+            await release.wait()
+            await delete(owner)
+
+        monkeypatch.setattr(store, "_delete", slow_delete)
+        erasing = asyncio.create_task(store.erase("alice"))
+        await entered.wait()
+        writing = asyncio.create_task(store.writing_keys(["alice"]))
+        await asyncio.sleep(0.05)
+        assert not writing.done()  # queued behind the erasure, not served the old key
+        release.set()
+        await erasing
+        assert (await writing)["alice"].kid != old.kid
+        assert await store.reading_keys([("alice", old.kid)]) == {}
+    finally:
+        await store.close()
 
 
 @pytest.mark.kafka
