@@ -186,7 +186,14 @@ async def _ingest_built(
 ) -> IngestSummary:
     """``ingest_lines`` with the building done by ``builder``: the same batching, limits,
     error handling and summary."""
-    from .ingest_build import BUILD_CHUNK, SEALING_OWNERS, BuiltLine, build_lines, decode_built
+    from .ingest_build import (
+        BUILD_AHEAD,
+        BUILD_CHUNK,
+        SEALING_OWNERS,
+        BuiltLine,
+        build_lines,
+        decode_built,
+    )
 
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
@@ -196,15 +203,21 @@ async def _ingest_built(
     count = 0
     batch: list[LogItem] = []
     event_ids: list[str] = []
+    unsealed: list[int] = []  # the batch's items the worker did not seal
+
+    async def append(items: list[LogItem], ids: list[str], plain: list[int]) -> None:
+        sealed = await producer.seal_items([items[i] for i in plain])
+        for index, item in zip(plain, sealed, strict=True):
+            items[index] = item
+        await producer.append_items(items, ids, atomic=False, sealed=True)
 
     async def flush() -> None:
-        nonlocal batch, event_ids
+        nonlocal batch, event_ids, unsealed
         if not batch:
             return
-        items, ids, batch, event_ids = batch, event_ids, [], []
-        await sender.send(
-            functools.partial(producer.append_items, items, ids, atomic=False), len(items)
-        )
+        items, ids, plain = batch, event_ids, unsealed
+        batch, event_ids, unsealed = [], [], []
+        await sender.send(functools.partial(append, items, ids, plain), len(items))
 
     # The owners of the latest lines, whose keys go with the next chunk (see ingest_build).
     recent: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -239,21 +252,43 @@ async def _ingest_built(
                     return False
                 continue
             assert line.item is not None and line.event_id is not None
+            if not line.sealed:
+                unsealed.append(len(batch))
             batch.append(line.item)
             event_ids.append(line.event_id)
             if len(batch) >= batch_size:
                 await flush()
         return True
 
-    async def built(first: int, chunk: list[bytes]) -> list[BuiltLine]:
-        keys = await producer.sealing_keys(recent) if recent else None
-        data = await loop.run_in_executor(builder, build_lines, first, chunk, producer.limits, keys)
+    async def built(
+        first: int,
+        chunk: list[bytes],
+        before: asyncio.Future[None] | None,
+        done: asyncio.Future[None],
+    ) -> list[BuiltLine]:
+        """Chunk ``first`` built by the worker once the one ``before`` it is back, so it
+        goes with the keys known by then; ``done`` is set when it is back."""
+        try:
+            if before is not None:
+                await asyncio.wait([before])
+            keys = await producer.sealing_keys(recent) if recent else None
+            data = await loop.run_in_executor(
+                builder, build_lines, first, chunk, producer.limits, keys
+            )
+        finally:
+            if not done.done():
+                done.set_result(None)
         lines = decode_built(data)
         await remember(lines)
         return lines
 
+    handed: asyncio.Future[None] | None = None  # set when the chunk last handed over is back
+
     def submit(first: int, chunk: list[bytes]) -> None:
-        pending.append(asyncio.ensure_future(built(first, chunk)))
+        nonlocal handed
+        done = loop.create_future()
+        pending.append(asyncio.ensure_future(built(first, chunk, handed, done)))
+        handed = done
 
     going = True
     number, chunk = 1, []
@@ -264,7 +299,7 @@ async def _ingest_built(
                 continue
             submit(number, chunk)
             number, chunk = number + len(chunk), []
-            while going and len(pending) > 2:  # two chunks building while one is sent
+            while going and len(pending) > BUILD_AHEAD:  # chunks building while one is sent
                 going = await take(await pending.popleft())
             if not going:
                 break
@@ -277,7 +312,7 @@ async def _ingest_built(
             future.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
     if not going:
-        batch, event_ids = [], []
+        batch, event_ids, unsealed = [], [], []
     await flush()
     await sender.drain()
     return _summary(started, count, sender.written, errors)

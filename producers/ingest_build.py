@@ -35,6 +35,9 @@ from .transport import LogItem
 
 BUILD_CHUNK = 2_000
 """Lines a worker builds per call: large enough that the hand-over cost is small."""
+BUILD_AHEAD = 8
+"""Chunks built or building ahead of the one being sent: the keys of their new owners are
+created meanwhile, so a creation's round trip seldom holds up the sends."""
 SEALING_OWNERS = 4_096
 """The most owners whose keys go with a chunk (the most recently seen ones)."""
 
@@ -47,6 +50,8 @@ class BuiltLine(msgspec.Struct, frozen=True, array_like=True):
     event_id: str | None = None
     error: str | None = None
     owner: str | None = None
+    sealed: bool = False
+    """Sealed by the worker (with a key the parent handed it)."""
 
 
 def build_lines(
@@ -76,7 +81,7 @@ def build_lines(
         key = keys.get(record.owner) if keys else None
         if key is not None:
             item = msgspec.structs.replace(item, value=sealer.seal(item.value, key))
-        built.append(BuiltLine(number, item, record.event_id, owner=record.owner))
+        built.append(BuiltLine(number, item, record.event_id, None, record.owner, key is not None))
     return msgspec.msgpack.encode(built)
 
 

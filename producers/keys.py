@@ -61,7 +61,8 @@ class CachingKeyStore:
 
     def __init__(self, *, write_ttl_s: float = WRITE_TTL_S) -> None:
         self._held: dict[str, dict[str, bytes]] = {}
-        self._read_at: dict[str, float] = {}
+        self._writing: dict[str, tuple[float, DataKey]] = {}
+        """Per owner, the key it seals with and when it was read from the store."""
         self._write_ttl_s = write_ttl_s
         self._lock = asyncio.Lock()
 
@@ -77,14 +78,21 @@ class CachingKeyStore:
     async def _delete(self, owner: str) -> None:
         raise NotImplementedError
 
+    def _hold(self, owner: str, keys: dict[str, bytes], now: float) -> None:
+        self._held[owner] = keys
+        if keys:
+            kid = next(iter(keys))
+            self._writing[owner] = (now, DataKey(kid, keys[kid]))
+        else:
+            self._writing.pop(owner, None)
+
     async def _refresh(self, owners: list[str]) -> None:
         if not owners:
             return
         loaded = await self._load(owners)
         now = time.monotonic()
         for owner in owners:
-            self._held[owner] = loaded.get(owner, {})
-            self._read_at[owner] = now
+            self._hold(owner, loaded.get(owner, {}), now)
 
     async def writing_keys(self, owners: Iterable[str]) -> dict[str, DataKey]:
         wanted = list(dict.fromkeys(owners))
@@ -92,39 +100,32 @@ class CachingKeyStore:
         if held is not None:  # every key held and fresh: no need to queue behind a creation
             return held
         async with self._lock:
-            now = time.monotonic()
+            limit = time.monotonic() - self._write_ttl_s
             stale = [
                 owner
                 for owner in wanted
-                if not self._held.get(owner)
-                or now - self._read_at.get(owner, 0.0) > self._write_ttl_s
+                if (writing := self._writing.get(owner)) is None or writing[0] < limit
             ]
             await self._refresh(stale)
-            keyless = [owner for owner in wanted if not self._held.get(owner)]
+            keyless = [owner for owner in wanted if owner not in self._writing]
             if keyless:
                 created = await self._create(keyless)
                 now = time.monotonic()
                 for owner, key in created.items():
-                    self._held[owner] = {key.kid: key.key}
-                    self._read_at[owner] = now
-            chosen: dict[str, DataKey] = {}
-            for owner in wanted:
-                held = self._held[owner]
-                kid = next(iter(held))
-                chosen[owner] = DataKey(kid, held[kid])
-            return chosen
+                    self._hold(owner, {key.kid: key.key}, now)
+            return {owner: self._writing[owner][1] for owner in wanted}
 
     def _fresh(self, owners: list[str]) -> dict[str, DataKey] | None:
-        """The key each of ``owners`` seals with, if every one is held and read within
+        """The key each of ``owners`` seals with, if every one is held and was read within
         ``write_ttl_s``; else ``None``."""
-        now = time.monotonic()
+        limit = time.monotonic() - self._write_ttl_s
+        writing = self._writing
         chosen: dict[str, DataKey] = {}
         for owner in owners:
-            held = self._held.get(owner)
-            if not held or now - self._read_at.get(owner, 0.0) > self._write_ttl_s:
+            held = writing.get(owner)
+            if held is None or held[0] < limit:
                 return None
-            kid = next(iter(held))
-            chosen[owner] = DataKey(kid, held[kid])
+            chosen[owner] = held[1]
         return chosen
 
     async def reading_keys(self, refs: Iterable[KeyRef]) -> dict[KeyRef, bytes]:
@@ -151,7 +152,7 @@ class CachingKeyStore:
 
     def forget(self, owner: str) -> None:
         self._held.pop(owner, None)
-        self._read_at.pop(owner, None)
+        self._writing.pop(owner, None)
 
 
 _SCHEMA = """

@@ -260,18 +260,32 @@ class Producer:
         )
         return [AppendReceipt(r.event_id, p) for r, p in zip(records, positions, strict=True)]
 
+    async def seal_items(self, items: Sequence[LogItem]) -> list[LogItem]:
+        """``items`` as this producer appends them: sealed with their owners' keys (when
+        it seals records)."""
+        if self._sealer is None:
+            return list(items)
+        return await self._sealer.seal(items)
+
     async def append_items(
-        self, items: Sequence[LogItem], event_ids: Sequence[str], *, atomic: bool = True
+        self,
+        items: Sequence[LogItem],
+        event_ids: Sequence[str],
+        *,
+        atomic: bool = True,
+        sealed: bool = False,
     ) -> list[Position]:
         """Append records already turned into log items (``log_item``; ``event_ids`` are
-        theirs), with the same batch limit, metrics and trace span as ``append_records``."""
+        theirs), with the same batch limit, metrics and trace span as ``append_records``.
+        ``sealed``: every item went through :meth:`seal_items` (or was sealed with a key
+        :meth:`sealing_keys` gave) already, so they are not looked at again."""
         if len(items) > self._limits.max_batch_records:
             raise InvalidInput(
                 f"batch of {len(items)} records exceeds max_batch_records="
                 f"{self._limits.max_batch_records}"
             )
-        if self._sealer is not None:
-            items = await self._sealer.seal(items)
+        if not sealed:
+            items = await self.seal_items(items)
         started = time.perf_counter()
         attributes = {"prme.transport": self._label, "prme.event_ids": list(event_ids)}
         with self._metrics.tracing.span("prme.append", attributes) as span:
