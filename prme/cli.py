@@ -341,7 +341,10 @@ def _project_command(args: argparse.Namespace) -> int:
         None if args.metrics_port is None else args.metrics_port + i for i in range(args.workers)
     ]
     workers = [
-        subprocess.Popen(command + ([] if port is None else ["--metrics-port", str(port)]))
+        subprocess.Popen(
+            command + ([] if port is None else ["--metrics-port", str(port)]),
+            env=lock.child_environment(),
+        )
         for port in ports
     ]
     forward_signals(workers)

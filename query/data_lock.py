@@ -3,29 +3,36 @@
 The read-model engines hold file locks of their own, but they fail deep inside (a
 qdrant-edge ``WouldBlock``) and only once a shard opens; this lock fails at once, with the
 holder's pid. The processes a ``prme serve --processes N`` or ``prme project --workers N``
-starts share their parent's directory (each projects other partitions), so a process may
-open a directory whose lock its parent holds.
+starts share their parent's directory (each projects other partitions): a process may open
+a directory whose lock its parent holds when it was started with the lock's token in its
+environment (:meth:`DataDirLock.child_environment`), so any other child of the holder (a
+script it runs, an adapter's subprocess) is refused like any other process.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
 from prme.schemas.errors import DataDirInUse
 
 LOCK_FILE = "prme.lock"
+TOKEN_ENV = "PRME_DATA_LOCK_TOKEN"
+"""Set by the holder in the environment of the members it starts (and nowhere else)."""
 
 
 class DataDirLock:
     """Held from :meth:`acquire` until :meth:`release` (or the process exits)."""
 
-    def __init__(self, path: Path, fd: int | None) -> None:
+    def __init__(self, path: Path, fd: int | None, token: str) -> None:
         self.path = path
         self._fd = fd
+        self._token = token
 
     @classmethod
     def acquire(cls, directory: Path) -> Self:
@@ -36,24 +43,30 @@ class DataDirLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            if holder is not None and holder[0] == os.getppid():
-                return cls(path, None)  # our parent's: it split the partitions among us
+            token = os.environ.get(TOKEN_ENV, "")
+            if holder is not None and holder[0] == os.getppid() and token == holder[2] != "":
+                return cls(path, None, token)  # our parent's: it split the partitions among us
             who = f"pid {holder[0]} ({holder[1]})" if holder else "another process"
             raise DataDirInUse(
                 f"{directory} is open in another process, {who}: a data directory is opened "
                 "by one process at a time (give this one its own --data-dir, or reach that "
                 "one over HTTP)"
             ) from None
+        token = secrets.token_hex(16)
+        command = " ".join(os.path.basename(a) for a in sys.argv[:2])
         os.ftruncate(fd, 0)
-        os.write(
-            fd, f"{os.getpid()} {' '.join(os.path.basename(a) for a in sys.argv[:2])}\n".encode()
-        )
-        return cls(path, fd)
+        os.write(fd, f"{os.getpid()} {token} {command}\n".encode())
+        return cls(path, fd, token)
 
     @property
     def held(self) -> bool:
         """False when this process runs under its parent's lock."""
         return self._fd is not None
+
+    def child_environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with the token that lets a
+        process started with it open the directory under this lock."""
+        return {**(os.environ if base is None else base), TOKEN_ENV: self._token}
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -61,10 +74,12 @@ class DataDirLock:
             os.close(fd)  # closing drops the flock
 
 
-def _holder(fd: int) -> tuple[int, str] | None:
+def _holder(fd: int) -> tuple[int, str, str] | None:
+    """``(pid, command, token)`` of the lock's holder, from the line it wrote."""
     try:
         text = os.pread(fd, 256, 0).decode(errors="replace").strip()
-        pid, _, command = text.partition(" ")
-        return int(pid), command or "?"
+        pid, _, rest = text.partition(" ")
+        token, _, command = rest.partition(" ")
+        return int(pid), command or "?", token
     except (OSError, ValueError):
         return None

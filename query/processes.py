@@ -40,7 +40,7 @@ def serve_processes(settings: Settings, processes: int, options: Sequence[str]) 
     host, port = settings.service.host, settings.service.port
     sockets: list[socket.socket] = []
     try:
-        return _serve_children(settings, processes, options, host, port, sockets)
+        return _serve_children(settings, processes, options, host, port, sockets, lock)
     finally:
         for sock in sockets:
             sock.close()
@@ -54,6 +54,7 @@ def _serve_children(
     host: str,
     port: int,
     sockets: list[socket.socket],
+    lock: DataDirLock,
 ) -> int:
     public = _listen(host, port)
     sockets.append(public)
@@ -64,7 +65,7 @@ def _serve_children(
     sockets.extend(own)
     shown = f"[{host}]" if ":" in host else host
     urls = [f"http://{shown}:{s.getsockname()[1]}" for s in own]
-    env = dict(os.environ)
+    env = lock.child_environment()
     # Members forward to each other: a secret for this cluster of processes if none is set.
     env.setdefault("PRME_CLUSTER__SECRET", settings.cluster.secret or secrets.token_urlsafe(24))
     if settings.embedding.threads is None:  # N model sessions share the cores

@@ -1,0 +1,56 @@
+"""One data directory, one process: only the members a holder starts share its lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prme.query.data_lock import TOKEN_ENV, DataDirLock
+from prme.schemas.errors import DataDirInUse
+
+_OPEN = """
+import sys
+from pathlib import Path
+from prme.query.data_lock import DataDirLock
+from prme.schemas.errors import DataDirInUse
+try:
+    lock = DataDirLock.acquire(Path(sys.argv[1]))
+except DataDirInUse as error:
+    print(error)
+    sys.exit(2)
+print("shared" if not lock.held else "held")
+"""
+
+
+def _open_in_child(directory: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _OPEN, str(directory)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_only_a_child_started_with_the_locks_token_shares_it(tmp_path: Path) -> None:
+    lock = DataDirLock.acquire(tmp_path)
+    try:
+        assert lock.held and TOKEN_ENV not in os.environ
+        plain_env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+        stranger = _open_in_child(tmp_path, plain_env)  # a child, but not a member
+        assert stranger.returncode == 2, stranger.stdout + stranger.stderr
+        assert f"pid {os.getpid()}" in stranger.stdout
+        forged = _open_in_child(tmp_path, {**plain_env, TOKEN_ENV: "0" * 32})
+        assert forged.returncode == 2
+        member = _open_in_child(tmp_path, lock.child_environment())
+        assert member.returncode == 0, member.stdout + member.stderr
+        assert member.stdout.strip() == "shared"
+        with pytest.raises(DataDirInUse, match="is open in another process"):
+            DataDirLock.acquire(tmp_path)  # not our parent's lock: ours, taken twice
+    finally:
+        lock.release()
+    assert _open_in_child(tmp_path, dict(os.environ)).stdout.strip() == "held"
