@@ -41,11 +41,15 @@ def test_ingest_benchmark_compares_prme_with_bare_aiokafka(
         "local_sealed",
         "build_only",
         "prme_kafka",
+        "prme_kafka_plain",
         "prme_kafka_inline",
         "bare_aiokafka",
+        "bare_aiokafka_plain",
     }
     assert all(rate > 0 for rate in rates.values())
     assert 250 <= report["input"]["mean_line_bytes"] <= 350
+    # The baseline sends what prme writes: sealed records are longer than plain ones.
+    assert report["input"]["mean_sealed_value_bytes"] > report["input"]["mean_value_bytes"]
     ratios = report["ratios"]
     assert ratios["prme_kafka_to_bare_aiokafka"] == pytest.approx(
         rates["prme_kafka"] / rates["bare_aiokafka"], rel=0.01
