@@ -5,8 +5,9 @@ provider (384 dimensions; the first projection is timed too). Then, in the same 
 
 * **rebuild**: ``MemoryEngine.rebuild`` of every read model with the model unchanged (the
   code ``prme rebuild`` runs; the CLI cannot reopen a pack built with a custom provider, so
-  it runs in-process like the other benchmarks), with the texts it encoded counted (the
-  vector cache should answer all of them: 0);
+  it runs in-process like the other benchmarks), with ``--processes`` rebuild workers as
+  ``prme rebuild`` defaults to, and then in one process, alternating, with the texts each
+  encoded counted (the vector cache should answer all of them: 0);
 * **floors**: the same content written straight into each engine, as fast as this code
   knows how: every vector point (id, vector, payload) upserted into a fresh qdrant-edge
   shard in chunks of 4,096; every lexical document added to a fresh Tantivy index with the
@@ -36,6 +37,7 @@ from qdrant_edge import Distance, EdgeConfig, EdgeShard, EdgeVectorParams, Point
 from benchmarks.common import add_workload_options, machine, median, ratio, run_benchmark
 from benchmarks.projection import TimedProvider, drafts, fill_log
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.projectors.rebuild_worker import default_processes
 from prme.projectors.registry import MODEL_NAMES
 from prme.projectors.stores.lexical import LexicalModel, _schema, document_fields
 from prme.projectors.stores.vector_base import point_id
@@ -73,15 +75,19 @@ async def build_pack(data: Path, partitions: int, messages: int, owners: int) ->
     return {"seconds": seconds, "records_per_s": messages / seconds, "texts": provider.texts}
 
 
-async def rebuild_once(data: Path, partitions: int) -> dict[str, float]:
+async def rebuild_once(data: Path, partitions: int, processes: int = 1) -> dict[str, float]:
     provider = TimedProvider(HashedBagOfWordsProvider(dimension=DIMENSION))
     settings = settings_for(data, partitions)
     async with await MemoryEngine.open(settings=settings, embedding_provider=provider) as engine:
         await engine.runner.catch_up(timeout_s=600)
+        cache = engine.runner.vector_cache
+        misses = cache.misses
         started = time.perf_counter()
-        replayed = await engine.rebuild(MODEL_NAMES)
+        replayed = await engine.rebuild(MODEL_NAMES, processes=processes)
         seconds = time.perf_counter() - started
-    return {"seconds": seconds, "records": sum(replayed.values()), "texts": provider.texts}
+        # A cache miss is a text encoded (in this process or a rebuild worker).
+        texts = cache.misses - misses
+    return {"seconds": seconds, "records": sum(replayed.values()), "texts": texts}
 
 
 class Content:
@@ -215,12 +221,24 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     first = await build_pack(data, arguments.partitions, arguments.messages, arguments.owners)
     content = Content(data)
     rebuilds: list[dict[str, float]] = []
+    in_process: list[dict[str, float]] = []
     floors: list[dict[str, float]] = []
     for _ in range(arguments.runs):
-        rebuilds.append(await rebuild_once(data, arguments.partitions))
+        rebuilds.append(await rebuild_once(data, arguments.partitions, arguments.processes))
+        if arguments.processes > 1:
+            in_process.append(await rebuild_once(data, arguments.partitions))
         floors.append(floors_once(content, work / "floors"))
     rebuild_s = median([r["seconds"] for r in rebuilds])
     floor_parts = {key: round(median([f[key] for f in floors]), 3) for key in floors[0]}
+    one_process: dict[str, Any] = {}
+    if in_process:
+        one_s = median([r["seconds"] for r in in_process])
+        one_process = {
+            "seconds": round(one_s, 3),
+            "runs_seconds": [round(r["seconds"], 3) for r in in_process],
+            "texts_encoded": max(int(r["texts"]) for r in in_process),
+            "processes_to_one_process": ratio(rebuild_s, one_s),
+        }
     return {
         "benchmark": "rebuild",
         "machine": machine(),
@@ -233,12 +251,14 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             "records_per_s": round(first["records_per_s"], 1),
         },
         "rebuild": {
+            "processes": arguments.processes,
             "seconds": round(rebuild_s, 3),
             "records_per_s": round(arguments.messages / rebuild_s, 1),
             "texts_encoded": max(int(r["texts"]) for r in rebuilds),
             "records_replayed": int(rebuilds[0]["records"]),
             "runs_seconds": [round(r["seconds"], 3) for r in rebuilds],
         },
+        "rebuild_in_one_process": one_process,
         "floors_seconds": floor_parts,
         "floor_points": content.records,
         "rebuild_to_summed_floors": ratio(rebuild_s, floor_parts["sum"]),
@@ -248,6 +268,13 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_options(parser, messages=20_000, owners=200, partitions=12)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=default_processes(),
+        help="rebuild worker processes, as `prme rebuild` defaults to; above 1 the rebuild "
+        "in one process is timed too, alternating",
+    )
     run_benchmark(parser, measure, argv)
 
 

@@ -372,7 +372,7 @@ async def _rebuild(args: argparse.Namespace) -> int:
         # carries one JSON object per line under --log-format json, so no bar then.
         hidden = args.quiet or args.log_format == "json"
         with tqdm(total=total, unit="rec", disable=hidden, file=sys.stderr) as bar:
-            replayed = await engine.rebuild(models, progress=bar.update)
+            replayed = await engine.rebuild(models, progress=bar.update, processes=args.processes)
         # A durable-cache miss is a text the embedding model encoded for this rebuild.
         vectors = {"from_cache": cache.hits - hits, "encoded": cache.misses - misses}
     report = {"models": list(models), "replayed": replayed, "vectors": vectors}
@@ -462,6 +462,7 @@ Unknown fields are refused. '-' reads standard input."""
 
 def build_parser() -> argparse.ArgumentParser:
     from prme import __version__
+    from prme.projectors.rebuild_worker import default_processes
 
     parser = argparse.ArgumentParser(prog="prme", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"prme {__version__} (prme-memory)")
@@ -507,6 +508,13 @@ def build_parser() -> argparse.ArgumentParser:
         "rebuild", help="replay the log into fresh read models and swap them in (blue/green)"
     )
     rebuild.add_argument("--model", choices=["all", *MODEL_NAMES], default="all")
+    rebuild.add_argument(
+        "--processes",
+        type=int,
+        default=default_processes(),
+        help="replay in this many worker processes (default: the cores, at most 4; 1 replays "
+        "in this process)",
+    )
     rebuild.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_log_options(rebuild)
     _add_log_format(rebuild)

@@ -71,6 +71,14 @@ class Takeover:
     """Records applied to it since."""
 
 
+@dataclass(frozen=True)
+class StagedPartition:
+    """What a rebuild staged of one partition: records replayed, offset applied."""
+
+    records: int
+    offset: int
+
+
 class VectorsNotPublished(Exception):
     """A standby's batch has texts whose vectors the owner has not published yet."""
 
@@ -716,12 +724,16 @@ class ProjectorRunner:
         self,
         models: Sequence[ModelName] = MODEL_NAMES,
         progress: Callable[[int], None] | None = None,
+        *,
+        processes: int = 1,
     ) -> dict[int, int]:
         """Replay the log into fresh model directories beside the live ones, then swap
         them in once caught up (blue/green). Queries keep using the old models meanwhile.
         Partitions are rebuilt ``REBUILD_CONCURRENCY`` at a time; ``progress`` is called with
-        the count of each chunk replayed. Returns, per partition, how many records were
-        replayed."""
+        the count of each chunk replayed. With ``processes`` > 1 the bulk of the replay runs
+        in that many child processes, each staging its share of the partitions (see
+        ``rebuild_worker``), and this process then applies what arrived since and swaps.
+        Returns, per partition, how many records were replayed."""
         read_models(models)  # an unknown name fails here, before anything is replayed
         ends = await self.transport.end_offsets()
         todo = [
@@ -729,12 +741,27 @@ class ProjectorRunner:
             for partition, shard in sorted(self.shards.items())
             if shard.models or ends.get(partition, 0) > 0
         ]
+        staged: dict[int, StagedPartition] = {}
+        if processes > 1 and len(todo) > 1:
+            from .rebuild_worker import replay_in_processes
+
+            targets = {partition: ends.get(partition, 0) for partition, _ in todo}
+            for _, shard in todo:
+                await shard.ensure_open()
+                shutil.rmtree(staging_directory(shard.directory), ignore_errors=True)
+            staged = await replay_in_processes(self, targets, models, processes, progress)
         slots = asyncio.Semaphore(REBUILD_CONCURRENCY)
 
         async def rebuild_one(partition: int, shard: Shard) -> int:
             async with slots:
+                done = staged.get(partition)
                 return await self._rebuild_shard(
-                    partition, shard, models, progress, ends.get(partition, 0)
+                    partition,
+                    shard,
+                    models,
+                    progress,
+                    ends.get(partition, 0),
+                    None if done is None else done.offset,
                 )
 
         outcomes = await asyncio.gather(
@@ -744,24 +771,16 @@ class ProjectorRunner:
         for (partition, _), outcome in zip(todo, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 raise outcome
-            replayed[partition] = outcome
+            done = staged.get(partition)
+            replayed[partition] = outcome + (0 if done is None else done.records)
         async with self._progress:
             self._progress.notify_all()
         return replayed
 
-    async def _rebuild_shard(
-        self,
-        partition: int,
-        shard: Shard,
-        models: Sequence[ModelName],
-        progress: Callable[[int], None] | None,
-        target: int,
-    ) -> int:
-        await shard.ensure_open()
-        staging = staging_directory(shard.directory)
-        shutil.rmtree(staging, ignore_errors=True)  # a rebuild starts from the log, always
-        staged = Shard(
-            staging,
+    def staged_shard(self, partition: int, models: Sequence[ModelName]) -> Shard:
+        """The (unopened) shard a rebuild of ``partition`` stages its models in."""
+        return Shard(
+            staging_directory(shard_directory(self._data_dir, partition)),
             partition,
             self.settings,
             self.identity,
@@ -770,9 +789,51 @@ class ProjectorRunner:
             metrics=self.metrics,
             forgetting=self.forgetting,
         )
+
+    async def stage(
+        self,
+        partition: int,
+        models: Sequence[ModelName],
+        target: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> StagedPartition:
+        """Replay the log into ``partition``'s staging shard from what it holds to the end,
+        then close it (the part of a rebuild a worker process runs); what it staged."""
+        staged = self.staged_shard(partition, models)
         await staged.open()
+        try:
+            records = await self._replay(staged, partition, target, 0, progress)
+            return StagedPartition(records, staged.applied_offset())
+        finally:
+            await staged.close()
+
+    async def _rebuild_shard(
+        self,
+        partition: int,
+        shard: Shard,
+        models: Sequence[ModelName],
+        progress: Callable[[int], None] | None,
+        target: int,
+        staged_to: int | None = None,
+    ) -> int:
+        """``staged_to``: a rebuild worker has staged the partition up to that offset; if
+        the log holds nothing after it, the staged models are swapped in unopened."""
+        await shard.ensure_open()
+        staging = staging_directory(shard.directory)
         self.metrics.rebuild_target.labels(str(partition)).set(target)
-        self.metrics.rebuild_replayed.labels(str(partition)).set(0)
+        if staged_to is None:
+            shutil.rmtree(staging, ignore_errors=True)  # a rebuild starts from the log, always
+            self.metrics.rebuild_replayed.labels(str(partition)).set(0)
+        else:
+            async with self._partition_lock(partition):
+                if not await self.transport.read(partition, staged_to + 1, 1):
+                    try:
+                        await self._swap(shard, staging, models)
+                    finally:
+                        shutil.rmtree(staging, ignore_errors=True)
+                    return 0
+        staged = self.staged_shard(partition, models)
+        await staged.open()
         try:
             replayed = await self._replay(staged, partition, target, 0, progress)
             async with self._partition_lock(partition):

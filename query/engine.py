@@ -473,10 +473,13 @@ class MemoryEngine(MemoryBackend):
         self,
         models: Sequence[ModelName] = MODEL_NAMES,
         progress: Callable[[int], None] | None = None,
+        *,
+        processes: int = 1,
     ) -> dict[int, int]:
         """Blue/green rebuild of ``models`` from the log; see ProjectorRunner.rebuild
-        (``progress`` is called with the count of each chunk of records replayed)."""
-        replayed = await self.runner.rebuild(models, progress)
+        (``progress`` is called with the count of each chunk of records replayed;
+        ``processes`` > 1 replays in that many child processes)."""
+        replayed = await self.runner.rebuild(models, progress, processes=processes)
         if "vector" in models:
             saved = load_pack_config(self.settings.data_path)
             if saved is not None:

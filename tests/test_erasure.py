@@ -116,7 +116,7 @@ async def test_erasing_an_owner_leaves_no_file_with_its_text_on_the_local_log(
         bob_rows = await audit(engine, BOB)
         assert bob in bob_rows[0]["record"]["content"] and "erased" not in bob_rows[0]["record"]
         # A rebuild replays alice's sealed records: with the key gone they become nothing.
-        await engine.rebuild()
+        await engine.rebuild(processes=2)
         assert files_holding(data_dir, alice) == []
         await check_bob_intact(engine, bob)
     finally:

@@ -3,16 +3,20 @@ progress, and the history and events models keep the bytes the log gave them."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from prme import MemoryEngine
 from prme.producers.factory import open_transport
 from prme.producers.producer import MessageDraft, Producer
 from prme.producers.transport import LogItem
+from prme.projectors import rebuild_worker
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.runner import MAX_BATCH_FACTOR, ProjectorRunner, next_batch_size
@@ -78,20 +82,54 @@ async def test_a_runner_that_is_behind_applies_larger_batches(local_settings: Se
     assert max(sizes) > 32 * 4
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 async def test_rebuild_reports_progress_and_keeps_every_digest(
-    local_settings: Settings, hashed_provider: Any
+    local_settings: Settings,
+    hashed_provider: Any,
+    processes: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     await _fill(local_settings, 600, owners=7)
     reported: list[int] = []
+    workers: list[object] = []
+    start = rebuild_worker._start
+
+    async def counted(job: rebuild_worker.RebuildJob) -> Any:
+        workers.append(job)
+        return await start(job)
+
+    monkeypatch.setattr(rebuild_worker, "_start", counted)
     async with await MemoryEngine.open(
         settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
     ) as engine:
         before = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
-        replayed = await engine.rebuild(progress=reported.append)
+        cache = engine.runner.vector_cache
+        hits, misses = cache.hits, cache.misses
+        replayed = await engine.rebuild(progress=reported.append, processes=processes)
         after = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+        # Every text came from the vector cache, in this process or in the workers.
+        assert (cache.hits - hits, cache.misses - misses) == (600, 0)
     assert sum(reported) == sum(replayed.values()) == 600
     assert len(replayed) > 1
     assert after == before
+    assert len(workers) == (0 if processes == 1 else processes)
+    assert not list((Path(local_settings.data_dir) / "shards").glob("*.rebuild"))
+
+
+async def test_a_provider_that_does_not_pickle_rebuilds_in_this_process(
+    local_settings: Settings, hashed_provider: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _fill(local_settings, 200, owners=5)
+    hashed_provider.lock = threading.Lock()  # a provider holding a lock cannot travel
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
+    ) as engine:
+        before = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+        with caplog.at_level(logging.INFO, logger="prme.projectors.rebuild_worker"):
+            replayed = await engine.rebuild(processes=2)
+        after = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+    assert sum(replayed.values()) == 200 and after == before
+    assert "does not pickle" in caplog.text
 
 
 async def test_history_and_events_store_the_log_bytes_as_given(

@@ -53,6 +53,10 @@ class CachedEmbeddingProvider:
         self._hits = 0
         self._misses = 0
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its entries (another process fills its own)."""
+        return {**self.__dict__, "_entries": OrderedDict(), "_hits": 0, "_misses": 0}
+
     @property
     def provider(self) -> Any:
         return self._provider

@@ -89,6 +89,17 @@ class FastEmbedProvider:
         self._model: TextEmbedding | None = None
         self._load_lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the loaded model (another process loads its own on first use)."""
+        state = dict(self.__dict__)
+        state["_model"] = None
+        del state["_load_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._load_lock = threading.Lock()
+
     @property
     def model_name(self) -> str:
         return self._model_name

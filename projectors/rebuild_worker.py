@@ -1,0 +1,205 @@
+"""The bulk of a rebuild in child processes, so a rebuild uses more than the one core a
+Python process gets (its projection holds the GIL for most of each record).
+
+``ProjectorRunner.rebuild(processes=N)`` splits the partitions among N children, each
+``python -m prme.projectors.rebuild_worker``: a child reads its :class:`RebuildJob`
+(pickled, length-prefixed) from stdin, opens the log, the key store and the vector cache
+the settings name, replays each of its partitions into the partition's staging directory
+(``ProjectorRunner.stage``, the same code an in-process rebuild runs) and exits. It
+reports each chunk it applied as a line ``applied PARTITION COUNT`` on stdout, each
+partition it finished as ``staged PARTITION OFFSET`` (the offset it applied), and last
+its vector-cache lookups, ``cache HITS MISSES`` (a miss is a text it encoded), which the
+parent adds to its own cache's counts. The parent then applies what arrived since, under
+each partition's lock, and swaps, as it always does.
+
+A child exits when its stdin reaches EOF (the parent died): a rebuild never outlives the
+process that runs it, and what a dead one leaves is a staging directory the next start
+removes. The embedding provider goes to the children pickled; one that does not pickle
+(a custom provider holding a lock or a session) rebuilds in the parent, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prme.producers.factory import open_transport
+from prme.schemas.config import Settings
+
+from .embeddings.protocol import EmbeddingProvider
+from .model import ModelName
+
+if TYPE_CHECKING:
+    from .runner import ProjectorRunner, StagedPartition
+
+_log = logging.getLogger(__name__)
+
+
+def default_processes() -> int:
+    """How many workers ``prme rebuild`` starts unless told: the cores, at most 4."""
+    return min(4, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class RebuildJob:
+    """What one child stages: ``partitions`` maps each of its partitions to the log end
+    the rebuild started from (for its progress log; it replays to the end it finds)."""
+
+    settings: Settings
+    provider: EmbeddingProvider
+    partitions: dict[int, int]
+    models: tuple[ModelName, ...]
+
+
+def shares(targets: dict[int, int], processes: int) -> list[dict[int, int]]:
+    """``targets`` split into at most ``processes`` non-empty shares of about the same
+    number of records (largest partitions first, each to the lightest share)."""
+    split: list[dict[int, int]] = [{} for _ in range(min(processes, len(targets)))]
+    loads = [0] * len(split)
+    for partition, target in sorted(targets.items(), key=lambda item: (-item[1], item[0])):
+        lightest = loads.index(min(loads))
+        split[lightest][partition] = target
+        loads[lightest] += target
+    return [share for share in split if share]
+
+
+async def replay_in_processes(
+    runner: ProjectorRunner,
+    targets: dict[int, int],
+    models: Sequence[ModelName],
+    processes: int,
+    progress: Callable[[int], None] | None,
+) -> dict[int, StagedPartition]:
+    """Stage the partitions of ``targets`` in up to ``processes`` children; what each
+    partition staged there. Empty (nothing staged) when the provider does not pickle."""
+    settings = runner.settings.replace(log={"transactional_id": None})  # never fence ours
+    try:
+        pickle.dumps(runner.provider)
+    except Exception as error:  # noqa: BLE001 - any reason a provider cannot travel
+        _log.info("rebuilding in this process: the embedding provider does not pickle (%s)", error)
+        return {}
+    jobs = [
+        RebuildJob(settings, runner.provider, share, tuple(models))
+        for share in shares(targets, processes)
+    ]
+    replayed: dict[int, int] = dict.fromkeys(targets, 0)
+    offsets: dict[int, int] = {}
+    children = [await _start(job) for job in jobs]
+    try:
+        await asyncio.gather(
+            *(_follow(runner, child, replayed, offsets, progress) for child in children)
+        )
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+    missing = sorted(set(targets) - set(offsets))
+    if missing:
+        raise RuntimeError(f"the rebuild workers did not stage partitions {missing}")
+    from .runner import StagedPartition
+
+    return {p: StagedPartition(replayed[p], offset) for p, offset in offsets.items()}
+
+
+async def _start(job: RebuildJob) -> asyncio.subprocess.Process:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prme.projectors.rebuild_worker",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert child.stdin is not None
+    data = pickle.dumps(job)
+    child.stdin.write(len(data).to_bytes(8, "big") + data)
+    await child.stdin.drain()  # stdin stays open: its EOF tells the child we are gone
+    return child
+
+
+async def _follow(
+    runner: ProjectorRunner,
+    child: asyncio.subprocess.Process,
+    replayed: dict[int, int],
+    offsets: dict[int, int],
+    progress: Callable[[int], None] | None,
+) -> None:
+    assert child.stdout is not None and child.stderr is not None
+    errors = asyncio.ensure_future(child.stderr.read())
+    cache = runner.vector_cache
+    async for line in child.stdout:
+        kind, first, second = line.decode().split()
+        if kind == "cache":
+            cache.hits += int(first)
+            cache.misses += int(second)
+            continue
+        if kind == "staged":
+            offsets[int(first)] = int(second)
+            continue
+        replayed[int(first)] += int(second)
+        if progress is not None:
+            progress(int(second))
+    code = await child.wait()
+    tail = (await errors).decode(errors="replace").strip().splitlines()[-20:]
+    if code != 0:
+        raise RuntimeError(f"rebuild worker {child.pid} exited with {code}:\n" + "\n".join(tail))
+
+
+def _exit_with_parent() -> None:
+    while os.read(0, 1 << 16):  # empty at EOF: the parent closed its end or died
+        pass
+    os._exit(1)
+
+
+async def _run(job: RebuildJob) -> None:
+    from .runner import ProjectorRunner
+
+    transport = open_transport(job.settings)
+    await transport.start()
+    runner = ProjectorRunner(job.settings, transport, job.provider)
+    try:
+        await runner.keys.start()
+        for partition, target in job.partitions.items():
+
+            def report(count: int, partition: int = partition) -> None:
+                print("applied", partition, count, flush=True)
+
+            staged = await runner.stage(partition, job.models, target, report)
+            print("staged", partition, staged.offset, flush=True)
+        print("cache", runner.vector_cache.hits, runner.vector_cache.misses, flush=True)
+    finally:
+        await runner.close()
+        await transport.close()
+
+
+def _read_exactly(size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            raise SystemExit("rebuild worker: stdin ended before the job did")
+        data += chunk
+    return data
+
+
+def main() -> None:
+    size = int.from_bytes(_read_exactly(8), "big")
+    job: Any = pickle.loads(_read_exactly(size))
+    if not isinstance(job, RebuildJob):
+        raise SystemExit("rebuild worker: stdin did not hold a RebuildJob")
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    asyncio.run(_run(job))
+
+
+if __name__ == "__main__":  # run as the package module, so the job unpickles to its class
+    from prme.projectors.rebuild_worker import main as package_main
+
+    package_main()
