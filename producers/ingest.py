@@ -205,19 +205,19 @@ async def _ingest_built(
     event_ids: list[str] = []
     unsealed: list[int] = []  # the batch's items the worker did not seal
 
-    async def append(items: list[LogItem], ids: list[str], plain: list[int]) -> None:
-        sealed = await producer.seal_items([items[i] for i in plain])
-        for index, item in zip(plain, sealed, strict=True):
-            items[index] = item
-        await producer.append_items(items, ids, atomic=False, sealed=True)
-
     async def flush() -> None:
         nonlocal batch, event_ids, unsealed
         if not batch:
             return
         items, ids, plain = batch, event_ids, unsealed
         batch, event_ids, unsealed = [], [], []
-        await sender.send(functools.partial(append, items, ids, plain), len(items))
+        # Sealed here, batch after batch, so the batches reach the log in the file's order.
+        if plain:
+            sealed = await producer.seal_items([items[i] for i in plain])
+            for index, item in zip(plain, sealed, strict=True):
+                items[index] = item
+        append = functools.partial(producer.append_items, items, ids, atomic=False, sealed=True)
+        await sender.send(append, len(items))
 
     # The owners of the latest lines, whose keys go with the next chunk (see ingest_build).
     recent: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -271,7 +271,7 @@ async def _ingest_built(
         try:
             if before is not None:
                 await asyncio.wait([before])
-            keys = await producer.sealing_keys(recent) if recent else None
+            keys = producer.held_sealing_keys(recent) if recent else None
             data = await loop.run_in_executor(
                 builder, build_lines, first, chunk, producer.limits, keys
             )

@@ -7,13 +7,13 @@ producer's record-to-log-item step), so what it writes is byte for byte what ``p
 ingest`` writes without it, apart from the event ids, timestamps and nonces every build
 draws.
 
-Sealing: the parent hands each chunk the writing keys of the owners it has seen lately,
-as its key store gave them at that moment (``KeyStore.writing_keys``, which re-reads a key
-older than ``write_ttl_s``); the worker seals those owners' records with them. A record
-of an owner not among them comes back plain and the producer seals it in the parent, as
-every append does. The worker never reads or creates keys itself, so it holds a key no
-longer than the chunk it came with: an erasure elsewhere reaches this ingest exactly as
-it does without the worker (within the parent's ``write_ttl_s``).
+Sealing: the parent hands each chunk the writing keys it holds fresh for the owners it
+has seen lately (``KeyStore.held_writing_keys``: read from the store within
+``write_ttl_s``, none created); the worker seals those owners' records with them. A
+record of an owner not among them comes back plain and is sealed in the parent before
+its batch is sent. The worker never reads or creates keys itself and holds a key no
+longer than the chunk it came with, so an erasure elsewhere reaches this ingest within
+the parent's ``write_ttl_s`` plus the time the chunks built ahead take to send.
 """
 
 from __future__ import annotations

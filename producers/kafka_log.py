@@ -98,6 +98,7 @@ class KafkaLogTransport:
         self._producer: AIOKafkaProducer | None = None
         self._txn_producer: AIOKafkaProducer | None = None
         self._txn_lock = asyncio.Lock()
+        self._enqueue_lock = asyncio.Lock()
         self._reader: AIOKafkaConsumer | None = None
         self._read_lock = asyncio.Lock()
 
@@ -286,12 +287,15 @@ class KafkaLogTransport:
         if any(item.dedupe_key is not None for item in items):
             return list(await asyncio.gather(*(self.append(item) for item in items)))
         producer = self._require(self._producer)
-        futures = [
-            await producer.send(
-                self._topic, item.value, key=item.key, partition=self.partition_for(item.key)
-            )
-            for item in items
-        ]
+        # A send waits when the producer's buffer is full; the lock keeps batches appended
+        # at once from interleaving there, so each owner's records keep the callers' order.
+        async with self._enqueue_lock:
+            futures = [
+                await producer.send(
+                    self._topic, item.value, key=item.key, partition=self.partition_for(item.key)
+                )
+                for item in items
+            ]
         written = await bounded(asyncio.gather(*futures), self._timeout_s, "append")
         return [Position(m.partition, m.offset) for m in written]
 

@@ -17,6 +17,7 @@ the key store's file or topic.
 from __future__ import annotations
 
 import asyncio
+import collections
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -43,6 +44,11 @@ class KeyStore(Protocol):
         """A key to seal with for each owner, created (durably) where it has none."""
         ...
 
+    def held_writing_keys(self, owners: Iterable[str]) -> dict[str, DataKey]:
+        """The writing keys of ``owners`` this process holds fresh now (no store read, none
+        created; an owner without one is left out)."""
+        ...
+
     async def reading_keys(self, refs: Iterable[KeyRef]) -> dict[KeyRef, bytes]:
         """The keys of ``(owner, kid)`` pairs; an erased (or unknown) one is missing."""
         ...
@@ -63,6 +69,8 @@ class CachingKeyStore:
         self._held: dict[str, dict[str, bytes]] = {}
         self._writing: dict[str, tuple[float, DataKey]] = {}
         """Per owner, the key it seals with and when it was read from the store."""
+        self._erasing: collections.Counter[str] = collections.Counter()
+        """Owners an erasure is deleting now: nothing of theirs is held meanwhile."""
         self._write_ttl_s = write_ttl_s
         self._lock = asyncio.Lock()
 
@@ -79,6 +87,8 @@ class CachingKeyStore:
         raise NotImplementedError
 
     def _hold(self, owner: str, keys: dict[str, bytes], now: float) -> None:
+        if self._erasing[owner]:
+            return  # read before the erasure deleted them: used once, never kept
         self._held[owner] = keys
         if keys:
             kid = next(iter(keys))
@@ -86,13 +96,15 @@ class CachingKeyStore:
         else:
             self._writing.pop(owner, None)
 
-    async def _refresh(self, owners: list[str]) -> None:
+    async def _refresh(self, owners: list[str]) -> dict[str, dict[str, bytes]]:
+        """Read ``owners``' keys from the store, hold them, and return them."""
         if not owners:
-            return
+            return {}
         loaded = await self._load(owners)
         now = time.monotonic()
         for owner in owners:
             self._hold(owner, loaded.get(owner, {}), now)
+        return loaded
 
     async def writing_keys(self, owners: Iterable[str]) -> dict[str, DataKey]:
         wanted = list(dict.fromkeys(owners))
@@ -100,33 +112,36 @@ class CachingKeyStore:
         if held is not None:  # every key held and fresh: no need to queue behind a creation
             return held
         async with self._lock:
-            limit = time.monotonic() - self._write_ttl_s
-            stale = [
-                owner
-                for owner in wanted
-                if (writing := self._writing.get(owner)) is None or writing[0] < limit
-            ]
-            await self._refresh(stale)
-            keyless = [owner for owner in wanted if owner not in self._writing]
+            chosen = self.held_writing_keys(wanted)
+            loaded = await self._refresh([owner for owner in wanted if owner not in chosen])
+            for owner, keys in loaded.items():
+                if keys:
+                    kid = next(iter(keys))
+                    chosen[owner] = DataKey(kid, keys[kid])
+            keyless = [owner for owner in wanted if owner not in chosen]
             if keyless:
                 created = await self._create(keyless)
                 now = time.monotonic()
                 for owner, key in created.items():
                     self._hold(owner, {key.kid: key.key}, now)
-            return {owner: self._writing[owner][1] for owner in wanted}
+                chosen.update(created)
+            return {owner: chosen[owner] for owner in wanted}
 
-    def _fresh(self, owners: list[str]) -> dict[str, DataKey] | None:
-        """The key each of ``owners`` seals with, if every one is held and was read within
-        ``write_ttl_s``; else ``None``."""
+    def held_writing_keys(self, owners: Iterable[str]) -> dict[str, DataKey]:
+        """The keys of ``owners`` this process holds and read within ``write_ttl_s`` (no
+        store read; an owner without one, or being erased, is left out)."""
         limit = time.monotonic() - self._write_ttl_s
-        writing = self._writing
         chosen: dict[str, DataKey] = {}
         for owner in owners:
-            held = writing.get(owner)
-            if held is None or held[0] < limit:
-                return None
-            chosen[owner] = held[1]
+            held = self._writing.get(owner)
+            if held is not None and held[0] >= limit and not self._erasing[owner]:
+                chosen[owner] = held[1]
         return chosen
+
+    def _fresh(self, owners: list[str]) -> dict[str, DataKey] | None:
+        """``held_writing_keys`` if it has every one of ``owners``; else ``None``."""
+        chosen = self.held_writing_keys(owners)
+        return chosen if len(chosen) == len(owners) else None
 
     async def reading_keys(self, refs: Iterable[KeyRef]) -> dict[KeyRef, bytes]:
         wanted = set(refs)
@@ -134,21 +149,27 @@ class CachingKeyStore:
             missing = sorted(
                 {owner for owner, kid in wanted if kid not in self._held.get(owner, {})}
             )
-            await self._refresh(missing)
+            loaded = await self._refresh(missing)
             found: dict[KeyRef, bytes] = {}
             for owner, kid in wanted:
-                key = self._held.get(owner, {}).get(kid)
+                key = loaded.get(owner, self._held.get(owner, {})).get(kid)
                 if key is not None:
                     found[(owner, kid)] = key
             return found
 
     async def erase(self, owner: str) -> None:
-        # Dropped before the delete, so a writer on the lock-free path of writing_keys
-        # meanwhile queues behind this erasure instead of sealing with the key it deletes.
-        self.forget(owner)
-        async with self._lock:
+        # Marked before the delete: a writer meanwhile finds nothing held for the owner and
+        # queues behind this erasure (then gets a new key) instead of sealing with this one.
+        self._erasing[owner] += 1
+        try:
             self.forget(owner)
-            await self._delete(owner)
+            async with self._lock:
+                self.forget(owner)
+                await self._delete(owner)
+        finally:
+            self._erasing[owner] -= 1
+            if not self._erasing[owner]:
+                del self._erasing[owner]
 
     def forget(self, owner: str) -> None:
         self._held.pop(owner, None)

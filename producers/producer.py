@@ -128,6 +128,8 @@ covers every number."""
 
 def check_numbers(value: Any, path: str) -> None:
     """InvalidInput naming the first number under ``value`` outside :data:`NUMBER_RANGE`."""
+    if value is None or isinstance(value, str) or (type(value) in (dict, list) and not value):
+        return  # the usual content, metadata and fields: nothing to walk
     low, high = NUMBER_RANGE
     stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
@@ -259,6 +261,13 @@ class Producer:
             items, [record.event_id for record in records], atomic=atomic
         )
         return [AppendReceipt(r.event_id, p) for r, p in zip(records, positions, strict=True)]
+
+    def held_sealing_keys(self, owners: Iterable[str]) -> dict[str, DataKey] | None:
+        """The keys of ``owners`` this producer holds now (no store read, none created);
+        ``None`` when it does not seal."""
+        if self._sealer is None:
+            return None
+        return self._sealer.keys.held_writing_keys(owners)
 
     async def seal_items(self, items: Sequence[LogItem]) -> list[LogItem]:
         """``items`` as this producer appends them: sealed with their owners' keys (when

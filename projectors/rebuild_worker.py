@@ -15,7 +15,8 @@ each partition's lock, and swaps, as it always does.
 A child exits when its stdin reaches EOF (the parent died): a rebuild never outlives the
 process that runs it, and what a dead one leaves is a staging directory the next start
 removes. The embedding provider goes to the children pickled; one that does not pickle
-(a custom provider holding a lock or a session) rebuilds in the parent, as before.
+(a custom provider holding a lock or a session) rebuilds in the parent, as before, and so
+does a rebuild whose worker failed (the reason is logged; the parent starts over).
 """
 
 from __future__ import annotations
@@ -78,7 +79,12 @@ async def replay_in_processes(
     progress: Callable[[int], None] | None,
 ) -> dict[int, StagedPartition]:
     """Stage the partitions of ``targets`` in up to ``processes`` children; what each
-    partition staged there. Empty (nothing staged) when the provider does not pickle."""
+    partition staged there. Empty (nothing staged: rebuild in this process) when the
+    workers cannot be used (the provider does not pickle, qdrant-client's local mode holds
+    its directory for one process) or one of them failed (logged with its error)."""
+    if runner.settings.qdrant.path:
+        _log.info("rebuilding in this process: qdrant.path is opened by one process at a time")
+        return {}
     settings = runner.settings.replace(log={"transactional_id": None})  # never fence ours
     try:
         pickle.dumps(runner.provider)
@@ -91,22 +97,38 @@ async def replay_in_processes(
     ]
     replayed: dict[int, int] = dict.fromkeys(targets, 0)
     offsets: dict[int, int] = {}
-    children = [await _start(job) for job in jobs]
+    children: list[asyncio.subprocess.Process] = []
+    followers: list[asyncio.Task[None]] = []
     try:
-        await asyncio.gather(
-            *(_follow(runner, child, replayed, offsets, progress) for child in children)
-        )
+        for job in jobs:
+            children.append(await _start(job))
+        followers = [
+            asyncio.create_task(_follow(runner, child, replayed, offsets, progress))
+            for child in children
+        ]
+        await asyncio.gather(*followers)
+    except (OSError, WorkerFailed) as error:
+        _log.warning("rebuilding in this process: a rebuild worker failed: %s", error)
+        return {}
     finally:
         for child in children:
             if child.returncode is None:
                 child.kill()
                 await child.wait()
+        for follower in followers:
+            follower.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
     missing = sorted(set(targets) - set(offsets))
     if missing:
-        raise RuntimeError(f"the rebuild workers did not stage partitions {missing}")
+        _log.warning("rebuilding in this process: the workers did not stage %s", missing)
+        return {}
     from .runner import StagedPartition
 
     return {p: StagedPartition(replayed[p], offset) for p, offset in offsets.items()}
+
+
+class WorkerFailed(Exception):
+    """A rebuild worker exited with an error (its last stderr lines are the message)."""
 
 
 async def _start(job: RebuildJob) -> asyncio.subprocess.Process:
@@ -134,23 +156,30 @@ async def _follow(
 ) -> None:
     assert child.stdout is not None and child.stderr is not None
     errors = asyncio.ensure_future(child.stderr.read())
-    cache = runner.vector_cache
+    cache, replayed_metric = runner.vector_cache, runner.metrics.rebuild_replayed
     async for line in child.stdout:
-        kind, first, second = line.decode().split()
+        try:
+            kind, first, second = line.decode().split()
+            numbers = int(first), int(second)
+        except ValueError:  # not one of ours (a library printing): shown, not parsed
+            _log.info("rebuild worker %d: %s", child.pid, line.decode(errors="replace").strip())
+            continue
         if kind == "cache":
-            cache.hits += int(first)
-            cache.misses += int(second)
-            continue
-        if kind == "staged":
-            offsets[int(first)] = int(second)
-            continue
-        replayed[int(first)] += int(second)
-        if progress is not None:
-            progress(int(second))
+            cache.hits += numbers[0]
+            cache.misses += numbers[1]
+        elif kind == "staged":
+            offsets[numbers[0]] = numbers[1]
+        elif kind == "applied":
+            replayed[numbers[0]] += numbers[1]
+            replayed_metric.labels(str(numbers[0])).set(replayed[numbers[0]])
+            if progress is not None:
+                progress(numbers[1])
     code = await child.wait()
     tail = (await errors).decode(errors="replace").strip().splitlines()[-20:]
     if code != 0:
-        raise RuntimeError(f"rebuild worker {child.pid} exited with {code}:\n" + "\n".join(tail))
+        raise WorkerFailed(f"worker {child.pid} exited with {code}:\n" + "\n".join(tail))
+    for text in tail:  # warnings of a worker that succeeded (dead letters, say)
+        _log.info("rebuild worker %d: %s", child.pid, text)
 
 
 def _exit_with_parent() -> None:

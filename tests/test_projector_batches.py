@@ -4,6 +4,7 @@ progress, and the history and events models keep the bytes the log gave them."""
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -113,6 +114,38 @@ async def test_rebuild_reports_progress_and_keeps_every_digest(
     assert len(replayed) > 1
     assert after == before
     assert len(workers) == (0 if processes == 1 else processes)
+    assert not list((Path(local_settings.data_dir) / "shards").glob("*.rebuild"))
+
+
+class _RefusedInAWorker(HashedBagOfWordsProvider):
+    """Pickles, but does not unpickle in another process (as a provider whose class the
+    worker cannot import)."""
+
+    def __reduce__(self) -> Any:
+        return (_made_in, (os.getpid(), self.dimension))
+
+
+def _made_in(pid: int, dimension: int) -> _RefusedInAWorker:
+    if os.getpid() != pid:
+        raise RuntimeError("this provider stays in the process that made it")
+    return _RefusedInAWorker(dimension)
+
+
+async def test_a_failed_worker_leaves_the_rebuild_to_this_process(
+    local_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _fill(local_settings, 200, owners=5)
+    provider = _RefusedInAWorker()
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=provider, create_if_missing=True
+    ) as engine:
+        before = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+        with caplog.at_level(logging.INFO, logger="prme.projectors.rebuild_worker"):
+            replayed = await engine.rebuild(processes=2)
+        after = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+    assert sum(replayed.values()) == 200 and after == before
+    assert "a rebuild worker failed" in caplog.text
+    assert "stays in the process that made it" in caplog.text
     assert not list((Path(local_settings.data_dir) / "shards").glob("*.rebuild"))
 
 

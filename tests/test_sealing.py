@@ -187,6 +187,72 @@ async def test_a_writer_during_an_erasure_gets_a_new_key_not_the_erased_one(
         await store.close()
 
 
+async def test_an_erasure_during_a_writers_key_creation_does_not_fail_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalKeyStore(tmp_path / "keys.sqlite3")
+    await store.start()
+    try:
+        alice = (await store.writing_keys(["alice"]))["alice"]
+        release = asyncio.Event()
+        create = store._create
+
+        async def slow_create(owners: list[str]) -> dict[str, DataKey]:
+            await release.wait()
+            return await create(owners)
+
+        monkeypatch.setattr(store, "_create", slow_create)
+        writing = asyncio.create_task(store.writing_keys(["alice", "carol"]))
+        await asyncio.sleep(0.05)  # the writer holds alice's key and creates carol's
+        erasing = asyncio.create_task(store.erase("alice"))
+        await asyncio.sleep(0.05)
+        release.set()
+        keys = await writing  # was: KeyError 'alice', failing carol's records too
+        await erasing
+        assert keys["alice"] == alice and keys["carol"].kid != alice.kid
+        assert (await store.writing_keys(["alice"]))["alice"].kid != alice.kid
+    finally:
+        await store.close()
+
+
+async def test_a_key_read_while_its_erasure_waits_is_not_kept_for_later_writers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalKeyStore(tmp_path / "keys.sqlite3", write_ttl_s=0.2)
+    await store.start()
+    try:
+        old = (await store.writing_keys(["alice"]))["alice"]
+        await asyncio.sleep(0.3)  # stale: the next writer reads the store again
+        entered, release = asyncio.Event(), asyncio.Event()
+        load = store._load
+
+        seen: list[object] = []
+
+        async def slow_load(owners: list[str]) -> dict[str, dict[str, bytes]]:
+            loaded = await load(owners)
+            entered.set()
+            await release.wait()
+            # Runs once this writer is done and before the waiting erasure resumes: what
+            # another writer's lock-free lookup would be handed then.
+            asyncio.get_running_loop().call_soon(lambda: seen.append(store._fresh(["alice"])))
+            return loaded
+
+        monkeypatch.setattr(store, "_load", slow_load)
+        first = asyncio.create_task(store.writing_keys(["alice"]))
+        await entered.wait()  # it has read the old key and holds the lock
+        erasing = asyncio.create_task(store.erase("alice"))
+        await asyncio.sleep(0.05)
+        monkeypatch.setattr(store, "_load", load)
+        release.set()
+        assert (await first)["alice"] == old  # asked before the erasure: its key then
+        await erasing
+        assert seen == [None]  # was: the key the erasure was about to delete
+        assert (await store.writing_keys(["alice"]))["alice"].kid != old.kid
+        assert await store.reading_keys([("alice", old.kid)]) == {}
+    finally:
+        await store.close()
+
+
 @pytest.mark.kafka
 async def test_the_kafka_key_store_shares_keys_between_nodes_until_a_tombstone(
     kafka_settings: Settings,
