@@ -9,8 +9,9 @@ the query service reads.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
@@ -20,6 +21,28 @@ from .stores.vector_base import VectorModelBase
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient
+
+
+class OneCallAtATime:
+    """A client whose calls run one at a time. qdrant-client's local mode keeps its points
+    in one SQLite connection that it is not safe to use from several threads at once (the
+    shards apply side by side: it failed with ``SystemError: error return without
+    exception set``)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return attribute(*args, **kwargs)
+
+        return call
 
 
 class VectorBackend:
@@ -43,7 +66,8 @@ class VectorBackend:
         from qdrant_client import QdrantClient
 
         if qdrant.path:
-            return cls(qdrant.collection, QdrantClient(path=qdrant.path))
+            local = QdrantClient(path=qdrant.path)
+            return cls(qdrant.collection, cast(QdrantClient, OneCallAtATime(local)))
         return cls(
             qdrant.collection,
             QdrantClient(url=qdrant.url, api_key=qdrant.api_key, timeout=int(qdrant.timeout_s)),

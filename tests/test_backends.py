@@ -5,7 +5,6 @@ backend in its local mode (the vector contract suite tests it the same way)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -94,24 +93,3 @@ async def test_prme_project_writes_vectors_into_the_qdrant_backend_the_engine_re
     vector = next(c for c in response.receipt.channels if c.name == "vector")
     assert vector.used and vector.error is None
     assert response.receipt.results[0].ranks.get("vector") is not None
-
-
-async def test_a_rebuild_under_qdrant_local_mode_stays_in_this_process(
-    tmp_path: Path, hashed_provider: object, caplog: pytest.LogCaptureFixture
-) -> None:
-    settings = Settings(data_dir=str(tmp_path / "pack")).replace(
-        log={"partitions": 2}, qdrant={"path": str(tmp_path / "qdrant"), "collection": "m"}
-    )
-    async with await MemoryEngine.create(
-        settings=settings, embedding_provider=hashed_provider
-    ) as engine:
-        for i in range(12):
-            await engine.store(f"note {i}", f"user{i % 3}", wait=False)
-        await engine.runner.catch_up()
-        with caplog.at_level(logging.INFO, logger="prme.projectors.rebuild_worker"):
-            replayed = await engine.rebuild(processes=2)  # a worker could not open qdrant.path
-        response = await engine.retrieve("note 4", "user1")
-    assert sum(replayed.values()) == 12
-    assert "qdrant.path is opened by one process" in caplog.text
-    assert "failed" not in caplog.text
-    assert response.results

@@ -131,38 +131,48 @@ def _made_in(pid: int, dimension: int) -> _RefusedInAWorker:
     return _RefusedInAWorker(dimension)
 
 
-async def test_a_failed_worker_leaves_the_rebuild_to_this_process(
-    local_settings: Settings, caplog: pytest.LogCaptureFixture
-) -> None:
-    await _fill(local_settings, 200, owners=5)
-    provider = _RefusedInAWorker()
+async def _rebuild_with_workers(
+    settings: Settings, provider: Any, caplog: pytest.LogCaptureFixture
+) -> str:
+    """Rebuild 200 records asking for 2 workers; checks every digest is kept and no staging
+    directory is left; returns what the rebuild logged."""
+    await _fill(settings, 200, owners=5)
     async with await MemoryEngine.open(
-        settings=local_settings, embedding_provider=provider, create_if_missing=True
+        settings=settings, embedding_provider=provider, create_if_missing=True
     ) as engine:
         before = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
         with caplog.at_level(logging.INFO, logger="prme.projectors.rebuild_worker"):
             replayed = await engine.rebuild(processes=2)
         after = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
     assert sum(replayed.values()) == 200 and after == before
-    assert "a rebuild worker failed" in caplog.text
-    assert "stays in the process that made it" in caplog.text
-    assert not list((Path(local_settings.data_dir) / "shards").glob("*.rebuild"))
+    assert not list((Path(settings.data_dir) / "shards").glob("*.rebuild"))
+    return caplog.text
+
+
+async def test_a_failed_worker_leaves_the_rebuild_to_this_process(
+    local_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    logged = await _rebuild_with_workers(local_settings, _RefusedInAWorker(), caplog)
+    assert "a rebuild worker failed" in logged
+    assert "stays in the process that made it" in logged
 
 
 async def test_a_provider_that_does_not_pickle_rebuilds_in_this_process(
     local_settings: Settings, hashed_provider: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await _fill(local_settings, 200, owners=5)
     hashed_provider.lock = threading.Lock()  # a provider holding a lock cannot travel
-    async with await MemoryEngine.open(
-        settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
-    ) as engine:
-        before = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
-        with caplog.at_level(logging.INFO, logger="prme.projectors.rebuild_worker"):
-            replayed = await engine.rebuild(processes=2)
-        after = {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
-    assert sum(replayed.values()) == 200 and after == before
-    assert "does not pickle" in caplog.text
+    assert "does not pickle" in await _rebuild_with_workers(local_settings, hashed_provider, caplog)
+
+
+async def test_a_rebuild_under_qdrant_local_mode_stays_in_this_process(
+    local_settings: Settings, hashed_provider: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    qdrant = {"path": str(Path(local_settings.data_dir).parent / "qdrant"), "collection": "m"}
+    logged = await _rebuild_with_workers(
+        local_settings.replace(qdrant=qdrant), hashed_provider, caplog
+    )
+    assert "qdrant.path is opened by one process" in logged  # a worker could not open it
+    assert "failed" not in logged
 
 
 async def test_history_and_events_store_the_log_bytes_as_given(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -16,7 +18,6 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import RecordDecodeError
 from prme.schemas.records import Message, NodeArchived, OwnerErased
 from prme.schemas.sealing import (
-    DataKey,
     ErasedRecord,
     Sealer,
     envelope_of,
@@ -132,87 +133,77 @@ async def test_the_local_key_store_keeps_one_key_per_owner_until_it_is_erased(
     assert alice.key not in held and bob.key in held
 
 
-async def test_a_writer_whose_keys_are_held_does_not_wait_on_another_owners_creation(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+async def key_store(tmp_path: Path) -> AsyncIterator[LocalKeyStore]:
     store = LocalKeyStore(tmp_path / "keys.sqlite3")
     await store.start()
     try:
-        bob = (await store.writing_keys(["bob"]))["bob"]
-        release = asyncio.Event()
-        create = store._create
-
-        async def slow_create(owners: list[str]) -> dict[str, DataKey]:
-            await release.wait()
-            return await create(owners)
-
-        monkeypatch.setattr(store, "_create", slow_create)
-        creating = asyncio.create_task(store.writing_keys(["carol"]))
-        await asyncio.sleep(0.05)
-        assert not creating.done()
-        held = await asyncio.wait_for(store.writing_keys(["bob"]), 1.0)
-        assert held == {"bob": bob}
-        release.set()
-        assert (await creating)["carol"].kid != bob.kid
+        yield store
     finally:
         await store.close()
+
+
+def held_back(
+    monkeypatch: pytest.MonkeyPatch, store: LocalKeyStore, method: str
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """``(entered, release)``: a call of ``store.<method>`` sets ``entered`` and waits for
+    ``release`` before it runs."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    original = getattr(store, method)
+
+    async def waiting(*args: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await original(*args)
+
+    monkeypatch.setattr(store, method, waiting)
+    return entered, release
+
+
+async def test_a_writer_whose_keys_are_held_does_not_wait_on_another_owners_creation(
+    key_store: LocalKeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bob = (await key_store.writing_keys(["bob"]))["bob"]
+    _, release = held_back(monkeypatch, key_store, "_create")
+    creating = asyncio.create_task(key_store.writing_keys(["carol"]))
+    await asyncio.sleep(0.05)
+    assert not creating.done()
+    held = await asyncio.wait_for(key_store.writing_keys(["bob"]), 1.0)
+    assert held == {"bob": bob}
+    release.set()
+    assert (await creating)["carol"].kid != bob.kid
 
 
 async def test_a_writer_during_an_erasure_gets_a_new_key_not_the_erased_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    key_store: LocalKeyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = LocalKeyStore(tmp_path / "keys.sqlite3")
-    await store.start()
-    try:
-        old = (await store.writing_keys(["alice"]))["alice"]
-        entered, release = asyncio.Event(), asyncio.Event()
-        delete = store._delete
-
-        async def slow_delete(owner: str) -> None:
-            entered.set()
-            await release.wait()
-            await delete(owner)
-
-        monkeypatch.setattr(store, "_delete", slow_delete)
-        erasing = asyncio.create_task(store.erase("alice"))
-        await entered.wait()
-        writing = asyncio.create_task(store.writing_keys(["alice"]))
-        await asyncio.sleep(0.05)
-        assert not writing.done()  # queued behind the erasure, not served the old key
-        release.set()
-        await erasing
-        assert (await writing)["alice"].kid != old.kid
-        assert await store.reading_keys([("alice", old.kid)]) == {}
-    finally:
-        await store.close()
+    old = (await key_store.writing_keys(["alice"]))["alice"]
+    entered, release = held_back(monkeypatch, key_store, "_delete")
+    erasing = asyncio.create_task(key_store.erase("alice"))
+    await entered.wait()
+    writing = asyncio.create_task(key_store.writing_keys(["alice"]))
+    await asyncio.sleep(0.05)
+    assert not writing.done()  # queued behind the erasure, not served the old key
+    release.set()
+    await erasing
+    assert (await writing)["alice"].kid != old.kid
+    assert await key_store.reading_keys([("alice", old.kid)]) == {}
 
 
 async def test_an_erasure_during_a_writers_key_creation_does_not_fail_the_writer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    key_store: LocalKeyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = LocalKeyStore(tmp_path / "keys.sqlite3")
-    await store.start()
-    try:
-        alice = (await store.writing_keys(["alice"]))["alice"]
-        release = asyncio.Event()
-        create = store._create
-
-        async def slow_create(owners: list[str]) -> dict[str, DataKey]:
-            await release.wait()
-            return await create(owners)
-
-        monkeypatch.setattr(store, "_create", slow_create)
-        writing = asyncio.create_task(store.writing_keys(["alice", "carol"]))
-        await asyncio.sleep(0.05)  # the writer holds alice's key and creates carol's
-        erasing = asyncio.create_task(store.erase("alice"))
-        await asyncio.sleep(0.05)
-        release.set()
-        keys = await writing  # was: KeyError 'alice', failing carol's records too
-        await erasing
-        assert keys["alice"] == alice and keys["carol"].kid != alice.kid
-        assert (await store.writing_keys(["alice"]))["alice"].kid != alice.kid
-    finally:
-        await store.close()
+    alice = (await key_store.writing_keys(["alice"]))["alice"]
+    entered, release = held_back(monkeypatch, key_store, "_create")
+    writing = asyncio.create_task(key_store.writing_keys(["alice", "carol"]))
+    await entered.wait()  # the writer holds alice's key and creates carol's
+    erasing = asyncio.create_task(key_store.erase("alice"))
+    await asyncio.sleep(0.05)
+    release.set()
+    keys = await writing  # was: KeyError 'alice', failing carol's records too
+    await erasing
+    assert keys["alice"] == alice and keys["carol"].kid != alice.kid
+    assert (await key_store.writing_keys(["alice"]))["alice"].kid != alice.kid
 
 
 async def test_a_key_read_while_its_erasure_waits_is_not_kept_for_later_writers(
