@@ -512,8 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--processes",
         type=int,
         default=default_processes(),
-        help="replay in this many worker processes (default: the cores, at most 4; 1 replays "
-        "in this process)",
+        help="replay in up to this many worker processes (default: the cores, at most 4; 1, "
+        "or a pack under 10,000 records, replays in this process)",
     )
     rebuild.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_log_options(rebuild)

@@ -43,6 +43,21 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
+MIN_RECORDS_PER_WORKER = 5_000
+"""A worker takes ~2 s to start (imports, opening the log and the stores): a smaller share
+rebuilds faster in the parent."""
+
+
+def workers_for(targets: dict[int, int], processes: int) -> int:
+    """How many of ``processes`` workers to start for partitions ``targets`` (log ends):
+    none below 2 (the parent rebuilds), never more than one per partition or per
+    :data:`MIN_RECORDS_PER_WORKER` records."""
+    busy = sum(1 for end in targets.values() if end > 0)
+    by_size = sum(targets.values()) // max(1, MIN_RECORDS_PER_WORKER)
+    chosen = min(processes, busy, by_size)
+    return chosen if chosen > 1 else 1
+
+
 def default_processes() -> int:
     """How many workers ``prme rebuild`` starts unless told: the cores, at most 4."""
     return min(4, os.cpu_count() or 1)

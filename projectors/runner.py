@@ -742,10 +742,11 @@ class ProjectorRunner:
             if shard.models or ends.get(partition, 0) > 0
         ]
         staged: dict[int, StagedPartition] = {}
-        if processes > 1 and len(todo) > 1:
-            from .rebuild_worker import replay_in_processes
+        targets = {partition: ends.get(partition, 0) for partition, _ in todo}
+        from .rebuild_worker import replay_in_processes, workers_for
 
-            targets = {partition: ends.get(partition, 0) for partition, _ in todo}
+        processes = workers_for(targets, processes)
+        if processes > 1:
             for _, shard in todo:
                 await shard.ensure_open()
                 shutil.rmtree(staging_directory(shard.directory), ignore_errors=True)

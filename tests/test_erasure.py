@@ -16,6 +16,7 @@ import pytest
 from prme import MemoryEngine, MessageDraft
 from prme.producers.audit import audit_owner
 from prme.producers.partitioner import partition_for_key
+from prme.projectors import rebuild_worker
 from prme.schemas.config import Settings
 
 BOB = "bob-1"
@@ -95,8 +96,9 @@ async def audit(engine: MemoryEngine, owner: str) -> list[dict[str, Any]]:
 
 
 async def test_erasing_an_owner_leaves_no_file_with_its_text_on_the_local_log(
-    local_settings: Settings, hashed_provider: Any
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(rebuild_worker, "MIN_RECORDS_PER_WORKER", 1)  # rebuild in workers
     data_dir = local_settings.data_path
     engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
     try:

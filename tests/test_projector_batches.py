@@ -100,6 +100,7 @@ async def test_rebuild_reports_progress_and_keeps_every_digest(
         return await start(job)
 
     monkeypatch.setattr(rebuild_worker, "_start", counted)
+    monkeypatch.setattr(rebuild_worker, "MIN_RECORDS_PER_WORKER", 1)  # a small pack
     async with await MemoryEngine.open(
         settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
     ) as engine:
@@ -131,6 +132,20 @@ def _made_in(pid: int, dimension: int) -> _RefusedInAWorker:
     return _RefusedInAWorker(dimension)
 
 
+def test_workers_are_started_only_for_shares_worth_their_start() -> None:
+    per = rebuild_worker.MIN_RECORDS_PER_WORKER
+    assert rebuild_worker.workers_for({0: 6, 1: 0}, 4) == 1  # a demo pack: in this process
+    assert rebuild_worker.workers_for({p: per for p in range(12)}, 4) == 4
+    assert rebuild_worker.workers_for({0: 10 * per, 1: 0}, 4) == 1  # one busy partition
+    assert rebuild_worker.workers_for({0: per, 1: per, 2: 1}, 4) == 2
+    assert rebuild_worker.workers_for({p: per for p in range(12)}, 1) == 1
+
+
+@pytest.fixture
+def small_packs_use_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rebuild_worker, "MIN_RECORDS_PER_WORKER", 1)
+
+
 async def _rebuild_with_workers(
     settings: Settings, provider: Any, caplog: pytest.LogCaptureFixture
 ) -> str:
@@ -149,6 +164,7 @@ async def _rebuild_with_workers(
     return caplog.text
 
 
+@pytest.mark.usefixtures("small_packs_use_workers")
 async def test_a_failed_worker_leaves_the_rebuild_to_this_process(
     local_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -157,6 +173,7 @@ async def test_a_failed_worker_leaves_the_rebuild_to_this_process(
     assert "stays in the process that made it" in logged
 
 
+@pytest.mark.usefixtures("small_packs_use_workers")
 async def test_a_provider_that_does_not_pickle_rebuilds_in_this_process(
     local_settings: Settings, hashed_provider: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -164,6 +181,7 @@ async def test_a_provider_that_does_not_pickle_rebuilds_in_this_process(
     assert "does not pickle" in await _rebuild_with_workers(local_settings, hashed_provider, caplog)
 
 
+@pytest.mark.usefixtures("small_packs_use_workers")
 async def test_a_rebuild_under_qdrant_local_mode_stays_in_this_process(
     local_settings: Settings, hashed_provider: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
