@@ -122,9 +122,19 @@ sys.exit(asyncio.run(main()))
 PY
 }
 
+# new_cluster_id: a fresh KRaft cluster id (22 base64url characters). Python is quick;
+# when it gives no id (a CI run once got an empty one, and every broker test failed on an
+# empty --cluster-id), Kafka's own storage tool makes one.
 new_cluster_id() {
-    "$PYTHON" -c 'import base64, uuid
-print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))'
+    local id
+    id="$("$PYTHON" -c 'import base64, uuid
+print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' 2>&1)" || true
+    if [[ ! "$id" =~ ^[A-Za-z0-9_-]{22}$ ]]; then
+        echo "kafka.sh: $PYTHON gave no cluster id (${id:-no output}); asking kafka-storage" >&2
+        id="$(java -cp "$LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)"
+    fi
+    [[ "$id" =~ ^[A-Za-z0-9_-]{22}$ ]] || die "could not make a cluster id"
+    echo "$id"
 }
 
 # format_storage DATA_DIR CLUSTER_ID [FLAGS...]: format the node's log directory once.
