@@ -1,7 +1,8 @@
 """The bulk of a rebuild in child processes, so a rebuild uses more than the one core a
 Python process gets (its projection holds the GIL for most of each record).
 
-``ProjectorRunner.rebuild(processes=N)`` splits the partitions among N children, each
+``ProjectorRunner.rebuild(processes=N)`` splits the partitions among up to N children
+(:func:`workers_for`: only where a worker's start pays), each
 ``python -m prme.projectors.rebuild_worker``: a child reads its :class:`RebuildJob`
 (pickled, length-prefixed) from stdin, opens the log, the key store and the vector cache
 the settings name, replays each of its partitions into the partition's staging directory
