@@ -109,6 +109,7 @@ async def test_two_workers_split_the_partitions_and_project_everything(
     workers = subprocess.Popen(
         command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
+    log = ""
     try:
         deadline = time.monotonic() + 120
         wait_projected(data_dir, len(owners), workers, deadline)
@@ -118,7 +119,10 @@ async def test_two_workers_split_the_partitions_and_project_everything(
             try:
                 workers_metrics = [scrape(port), scrape(port + 1)]
             except httpx.ConnectError:  # a worker still starting
-                assert time.monotonic() < deadline
+                if time.monotonic() >= deadline:
+                    os.killpg(workers.pid, signal.SIGINT)
+                    _, log = workers.communicate(timeout=60)
+                    pytest.fail(f"a worker's metrics never answered:\n{log[-4000:]}")
                 time.sleep(0.5)  # poll interval while the worker starts
                 continue
             applied = sum(m.get("prme_projector_records_applied_total", 0) for m in workers_metrics)
@@ -129,8 +133,9 @@ async def test_two_workers_split_the_partitions_and_project_everything(
             assert time.monotonic() < deadline, workers_metrics
             time.sleep(0.5)  # poll interval: the lag gauges refresh every 5 s
     finally:
-        os.killpg(workers.pid, signal.SIGINT)
-        _, log = workers.communicate(timeout=60)
+        if workers.returncode is None:
+            os.killpg(workers.pid, signal.SIGINT)
+            _, log = workers.communicate(timeout=60)
     assert workers.returncode == 0, log[-3000:]
     pids = {
         line.split("[")[1].split("]")[0]
