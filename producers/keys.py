@@ -206,7 +206,11 @@ class LocalKeyStore(SqliteThread, CachingKeyStore):
 
     def _open(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        # The busy timeout from the connect on: switching to WAL takes a lock, and the
+        # processes of `prme serve --processes N` open this file at the same moment.
+        db = sqlite3.connect(
+            self._path, timeout=30.0, isolation_level=None, check_same_thread=False
+        )
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # a key must outlive the records it sealed
         db.execute("PRAGMA secure_delete=ON")

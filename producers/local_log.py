@@ -82,7 +82,10 @@ class LocalLogTransport(SqliteThread):
 
     def _open(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        # The busy timeout from the connect on (see keys.LocalKeyStore._open).
+        connection = sqlite3.connect(
+            self._path, timeout=30.0, isolation_level=None, check_same_thread=False
+        )
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=NORMAL")
         connection.execute("PRAGMA busy_timeout=30000")

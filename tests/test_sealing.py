@@ -291,3 +291,29 @@ def test_bytes_that_are_no_record_raise_the_codecs_own_errors() -> None:
         Sealer().open_with(weird, {})
     with pytest.raises(RecordDecodeError, match="not msgpack"):
         Sealer().open_with(b"\xc1 not msgpack", {})
+
+
+async def test_a_key_store_opened_while_another_process_writes_it_waits_its_turn(
+    tmp_path: Path,
+) -> None:
+    """`prme serve --processes N` opens keys.sqlite3 in N processes at once; switching the
+    file to WAL needs a lock another holds for a moment (was: "database is locked", and
+    that member died)."""
+    import sqlite3
+    import threading
+
+    path = tmp_path / "keys.sqlite3"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE held (x)")
+    other.execute("BEGIN EXCLUSIVE")
+    # Held past sqlite3's default busy timeout (5 s), as a loaded disk did in a CI run.
+    release = threading.Timer(5.5, other.execute, ("COMMIT",))
+    release.start()
+    store = LocalKeyStore(path)
+    try:
+        await asyncio.wait_for(store.start(), 30)
+        assert (await store.writing_keys(["alice"]))["alice"].kid
+    finally:
+        release.join()
+        await store.close()
+        other.close()
