@@ -731,8 +731,9 @@ class ProjectorRunner:
         them in once caught up (blue/green). Queries keep using the old models meanwhile.
         Partitions are rebuilt ``REBUILD_CONCURRENCY`` at a time; ``progress`` is called with
         the count of each chunk replayed. With ``processes`` > 1 the bulk of the replay runs
-        in that many child processes, each staging its share of the partitions (see
-        ``rebuild_worker``), and this process then applies what arrived since and swaps.
+        in up to that many child processes (``rebuild_worker.workers_for``: only where a
+        worker's start pays), each staging its share of the partitions, and this process
+        then applies what arrived since and swaps.
         Returns, per partition, how many records were replayed."""
         read_models(models)  # an unknown name fails here, before anything is replayed
         ends = await self.transport.end_offsets()
