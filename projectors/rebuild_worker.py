@@ -93,20 +93,23 @@ async def replay_in_processes(
     models: Sequence[ModelName],
     processes: int,
     progress: Callable[[int], None] | None,
-) -> dict[int, StagedPartition]:
-    """Stage the partitions of ``targets`` in up to ``processes`` children; what each
-    partition staged there. Empty (nothing staged: rebuild in this process) when the
-    workers cannot be used (the provider does not pickle, qdrant-client's local mode holds
-    its directory for one process) or one of them failed (logged with its error)."""
+    staged: Callable[[int, StagedPartition], None],
+) -> None:
+    """Stage the partitions of ``targets`` in up to ``processes`` children, calling
+    ``staged(partition, what)`` as each partition's staging is complete and closed (the
+    caller swaps it in while the workers go on). Partitions never reported were not staged
+    (rebuild them in this process): all of them when the workers cannot be used (the
+    provider does not pickle, qdrant-client's local mode holds its directory for one
+    process), those a failed worker had not finished (logged with its error)."""
     if runner.settings.qdrant.path:
         _log.info("rebuilding in this process: qdrant.path is opened by one process at a time")
-        return {}
+        return
     settings = runner.settings.replace(log={"transactional_id": None})  # never fence ours
     try:
         pickle.dumps(runner.provider)
     except Exception as error:  # noqa: BLE001 - any reason a provider cannot travel
         _log.info("rebuilding in this process: the embedding provider does not pickle (%s)", error)
-        return {}
+        return
     jobs = [
         RebuildJob(settings, runner.provider, share, tuple(models))
         for share in shares(targets, processes)
@@ -115,17 +118,24 @@ async def replay_in_processes(
     offsets: dict[int, int] = {}
     children: list[asyncio.subprocess.Process] = []
     followers: list[asyncio.Task[None]] = []
+    from .runner import StagedPartition
+
+    def finished(partition: int, offset: int) -> None:
+        offsets[partition] = offset
+        staged(partition, StagedPartition(replayed[partition], offset))
+
     try:
         for job in jobs:
             children.append(await _start(job))
         followers = [
-            asyncio.create_task(_follow(runner, child, replayed, offsets, progress))
+            asyncio.create_task(_follow(runner, child, replayed, finished, progress))
             for child in children
         ]
         await asyncio.gather(*followers)
     except (OSError, WorkerFailed) as error:
-        _log.warning("rebuilding in this process: a rebuild worker failed: %s", error)
-        return {}
+        left = sorted(set(targets) - set(offsets))
+        _log.warning("rebuilding %s in this process: a rebuild worker failed: %s", left, error)
+        return
     finally:
         for child in children:
             if child.returncode is None:
@@ -137,10 +147,6 @@ async def replay_in_processes(
     missing = sorted(set(targets) - set(offsets))
     if missing:
         _log.warning("rebuilding in this process: the workers did not stage %s", missing)
-        return {}
-    from .runner import StagedPartition
-
-    return {p: StagedPartition(replayed[p], offset) for p, offset in offsets.items()}
 
 
 class WorkerFailed(Exception):
@@ -167,7 +173,7 @@ async def _follow(
     runner: ProjectorRunner,
     child: asyncio.subprocess.Process,
     replayed: dict[int, int],
-    offsets: dict[int, int],
+    finished: Callable[[int, int], None],
     progress: Callable[[int], None] | None,
 ) -> None:
     assert child.stdout is not None and child.stderr is not None
@@ -184,7 +190,7 @@ async def _follow(
             cache.hits += numbers[0]
             cache.misses += numbers[1]
         elif kind == "staged":
-            offsets[numbers[0]] = numbers[1]
+            finished(*numbers)
         elif kind == "applied":
             replayed[numbers[0]] += numbers[1]
             replayed_metric.labels(str(numbers[0])).set(replayed[numbers[0]])

@@ -732,8 +732,8 @@ class ProjectorRunner:
         Partitions are rebuilt ``REBUILD_CONCURRENCY`` at a time; ``progress`` is called with
         the count of each chunk replayed. With ``processes`` > 1 the bulk of the replay runs
         in up to that many child processes (``rebuild_worker.workers_for``: only where a
-        worker's start pays), each staging its share of the partitions, and this process
-        then applies what arrived since and swaps.
+        worker's start pays), each staging its share of the partitions; as each partition
+        is staged, this process applies what arrived since and swaps it in.
         Returns, per partition, how many records were replayed."""
         read_models(models)  # an unknown name fails here, before anything is replayed
         ends = await self.transport.end_offsets()
@@ -742,17 +742,10 @@ class ProjectorRunner:
             for partition, shard in sorted(self.shards.items())
             if shard.models or ends.get(partition, 0) > 0
         ]
-        staged: dict[int, StagedPartition] = {}
         targets = {partition: ends.get(partition, 0) for partition, _ in todo}
-        from .rebuild_worker import replay_in_processes, workers_for
-
-        processes = workers_for(targets, processes)
-        if processes > 1:
-            for _, shard in todo:
-                await shard.ensure_open()
-                shutil.rmtree(staging_directory(shard.directory), ignore_errors=True)
-            staged = await replay_in_processes(self, targets, models, processes, progress)
         slots = asyncio.Semaphore(REBUILD_CONCURRENCY)
+        staged: dict[int, StagedPartition] = {}
+        rebuilding: dict[int, asyncio.Task[int]] = {}
 
         async def rebuild_one(partition: int, shard: Shard) -> int:
             async with slots:
@@ -766,11 +759,30 @@ class ProjectorRunner:
                     None if done is None else done.offset,
                 )
 
-        outcomes = await asyncio.gather(
-            *(rebuild_one(p, s) for p, s in todo), return_exceptions=True
-        )
+        from .rebuild_worker import replay_in_processes, workers_for
+
+        processes = workers_for(targets, processes)
+        try:
+            if processes > 1:
+                for _, shard in todo:
+                    await shard.ensure_open()
+                    shutil.rmtree(staging_directory(shard.directory), ignore_errors=True)
+
+                def swap_in(partition: int, done: StagedPartition) -> None:
+                    # Swapped in while the workers stage the rest.
+                    staged[partition] = done
+                    rebuilding[partition] = asyncio.create_task(
+                        rebuild_one(partition, self.shards[partition])
+                    )
+
+                await replay_in_processes(self, targets, models, processes, progress, swap_in)
+            for partition, shard in todo:  # what no worker staged
+                if partition not in rebuilding:
+                    rebuilding[partition] = asyncio.create_task(rebuild_one(partition, shard))
+        finally:
+            outcomes = await asyncio.gather(*rebuilding.values(), return_exceptions=True)
         replayed: dict[int, int] = {}
-        for (partition, _), outcome in zip(todo, outcomes, strict=True):
+        for partition, outcome in sorted(zip(rebuilding, outcomes, strict=True)):
             if isinstance(outcome, BaseException):
                 raise outcome
             done = staged.get(partition)

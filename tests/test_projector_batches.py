@@ -7,6 +7,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,88 @@ async def test_a_failed_worker_leaves_the_rebuild_to_this_process(
     logged = await _rebuild_with_workers(local_settings, _RefusedInAWorker(), caplog)
     assert "a rebuild worker failed" in logged
     assert "stays in the process that made it" in logged
+
+
+async def _digests(engine: MemoryEngine) -> dict[int, dict[str, str]]:
+    return {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
+
+
+@pytest.mark.usefixtures("small_packs_use_workers")
+async def test_each_staged_partition_is_swapped_in_while_the_workers_go_on(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _fill(local_settings, 480, owners=24)
+    swapped_at: list[float] = []
+    workers_done: list[float] = []
+    swap, follow = ProjectorRunner._swap, rebuild_worker._follow
+
+    async def timed_swap(self: ProjectorRunner, *args: Any) -> None:
+        swapped_at.append(time.monotonic())
+        await swap(self, *args)
+
+    async def timed_follow(*args: Any) -> None:
+        try:
+            await follow(*args)
+        finally:
+            workers_done.append(time.monotonic())
+
+    monkeypatch.setattr(ProjectorRunner, "_swap", timed_swap)
+    monkeypatch.setattr(rebuild_worker, "_follow", timed_follow)
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
+    ) as engine:
+        before = await _digests(engine)
+        replayed = await engine.rebuild(processes=2)
+        assert await _digests(engine) == before
+    assert sum(replayed.values()) == 480
+    assert len(workers_done) == 2 and len(swapped_at) == len(before) > 2
+    assert min(swapped_at) < max(workers_done)  # not all swapped after the last worker
+
+
+@pytest.mark.usefixtures("small_packs_use_workers")
+async def test_a_worker_killed_mid_rebuild_leaves_only_what_it_had_not_staged(
+    local_settings: Settings,
+    hashed_provider: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await _fill(local_settings, 480, owners=24)
+    children: list[Any] = []
+    swapped: list[int] = []
+    replayed_here: set[int] = set()
+    start, swap, replay = rebuild_worker._start, ProjectorRunner._swap, ProjectorRunner._replay
+
+    async def kept(job: rebuild_worker.RebuildJob) -> Any:
+        children.append(await start(job))
+        return children[-1]
+
+    async def swap_then_kill(self: ProjectorRunner, shard: Any, *args: Any) -> None:
+        for child in children:  # at the first staged partition: every worker dies
+            if child.returncode is None:
+                child.kill()
+        swapped.append(shard.partition)
+        await swap(self, shard, *args)
+
+    async def noted(self: ProjectorRunner, staged: Any, partition: int, *args: Any) -> int:
+        replayed_here.add(partition)
+        return await replay(self, staged, partition, *args)
+
+    monkeypatch.setattr(rebuild_worker, "_start", kept)
+    monkeypatch.setattr(ProjectorRunner, "_swap", swap_then_kill)
+    monkeypatch.setattr(ProjectorRunner, "_replay", noted)
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
+    ) as engine:
+        before = await _digests(engine)
+        with caplog.at_level(logging.WARNING, logger="prme.projectors.rebuild_worker"):
+            replayed = await engine.rebuild(processes=2)
+        assert await _digests(engine) == before
+    assert sum(replayed.values()) == 480
+    assert "in this process: a rebuild worker failed" in caplog.text
+    assert sorted(swapped) == sorted(before)
+    from_staging = set(swapped) - replayed_here
+    assert from_staging and replayed_here  # the staged ones kept, the rest replayed here
+    assert not list((Path(local_settings.data_dir) / "shards").glob("*.rebuild"))
 
 
 @pytest.mark.usefixtures("small_packs_use_workers")
