@@ -21,6 +21,7 @@ from prme.projectors.embeddings.validation import (
     FLOAT32_MAX,
     check_identity_unchanged,
     check_texts,
+    checked_vectors,
     identity_of,
     validate_vector,
     validate_vectors,
@@ -100,6 +101,16 @@ def test_valid_vectors_come_back_as_fresh_float_lists() -> None:
     assert source[0][0] == 1
 
 
+def test_checked_float_lists_are_handed_back_as_they_are_and_others_copied() -> None:
+    floats = [[1.0, 2.5, -3.0], [0.0, 1e-3, 0.5]]
+    kept = checked_vectors(IDENTITY, floats)
+    assert kept is floats and all(a is b for a, b in zip(kept, floats, strict=True))
+    mixed = [[1, 2.5, -3], (0.0, 1e-3, np.float32(0.5))]
+    copied = checked_vectors(IDENTITY, mixed)
+    assert copied == [[1.0, 2.5, -3.0], [0.0, 1e-3, 0.5]] and copied[0] is not mixed[0]
+    assert all(type(value) is float for vector in copied for value in vector)
+
+
 def test_rational_numbers_are_real_numbers() -> None:
     assert validate_vector(IDENTITY, [Fraction(1, 2), 0, 1]) == [0.5, 0.0, 1.0]
 
@@ -151,10 +162,16 @@ def test_response_must_be_a_list_of_vectors(vectors: object) -> None:
         ([10**400, 0.0, 0.0], "vector 1: a component does not fit float32"),
     ],
 )
-def test_each_malformed_vector_is_rejected_naming_its_index(vector: object, message: str) -> None:
+@pytest.mark.parametrize("check", ["validate_vectors", "checked_vectors"])
+def test_each_malformed_vector_is_rejected_naming_its_index(
+    vector: object, message: str, check: str
+) -> None:
     good = [0.0, 0.0, 1.0]
     with pytest.raises(ValueError) as caught:
-        validate_vectors(IDENTITY, 2, [good, vector])
+        if check == "validate_vectors":
+            validate_vectors(IDENTITY, 2, [good, vector])
+        else:
+            checked_vectors(IDENTITY, [good, vector])
     assert message in str(caught.value)
 
 

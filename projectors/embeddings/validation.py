@@ -88,6 +88,26 @@ def validate_vectors(
     return rows
 
 
+def checked_vectors(identity_or_provider: Any, vectors: list[Any]) -> list[list[float]]:
+    """``validate_vectors(identity, len(vectors), vectors)`` for a caller that only reads
+    the result: when every vector is a ``list`` of ``float`` (what the embedding path hands
+    on), the lists themselves once checked, saving the copy; otherwise the fresh lists."""
+    dimension = identity_of(identity_or_provider).dimension
+    if (
+        isinstance(vectors, list)
+        and all(type(v) is list and len(v) == dimension for v in vectors)
+        and set(map(type, itertools.chain.from_iterable(vectors))) <= {float}
+        and _in_float32(np.array(vectors, dtype=np.float64))
+    ):
+        return vectors
+    return validate_vectors(identity_or_provider, len(vectors), vectors)
+
+
+def _in_float32(matrix: np.ndarray) -> bool:
+    """Every component finite and within float32 range."""
+    return not (~np.isfinite(matrix) | (np.abs(matrix) > FLOAT32_MAX)).any()
+
+
 def validate_matrix(identity_or_provider: Any, texts_count: int, vectors: Any) -> np.ndarray:
     """``validate_vectors`` as one ``(texts_count, dimension)`` float64 array: the whole
     response is checked in a few array operations; only a response that fails them is
@@ -123,9 +143,7 @@ def _checked_matrix(dimension: int, vectors: list[Any] | tuple[Any, ...]) -> np.
         matrix = np.array(vectors, dtype=np.float64).reshape(len(vectors), dimension)
     except OverflowError:
         return None
-    if (~np.isfinite(matrix) | (np.abs(matrix) > FLOAT32_MAX)).any():
-        return None
-    return matrix
+    return matrix if _in_float32(matrix) else None
 
 
 def validate_vector(identity_or_provider: Any, vector: Any) -> list[float]:

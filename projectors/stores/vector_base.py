@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
-from prme.projectors.embeddings.validation import validate_vector, validate_vectors
+from prme.projectors.embeddings.validation import checked_vectors, validate_vector
 from prme.projectors.model import MemoryNode, NodeState, ProjectedRecord
 from prme.schemas.errors import EmbeddingMismatch
 from prme.schemas.records import Message, NodeArchived, NodeRestored, NodeSuperseded, OwnerErased
@@ -150,7 +150,7 @@ def plan_batch(batch: list[ProjectedRecord], identity: EmbeddingIdentity) -> lis
         if isinstance(item.record, Message) and item.node is not None and item.vector is not None
     ]
     vectors = [item.vector for item in embedded]
-    checked = iter(validate_vectors(identity, len(vectors), vectors))
+    checked = iter(checked_vectors(identity, vectors))
     ops: list[VectorOp] = []
     for item in batch:
         record = item.record

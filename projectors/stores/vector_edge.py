@@ -153,7 +153,7 @@ class EdgeVectorModel(VectorModelBase):
         pending: list[Point] = []
         for op in ops:
             if isinstance(op, UpsertPoint):
-                pending.append(Point(uuid.UUID(op.point_id), op.vector, op.payload))
+                pending.append(Point(op.point_id, op.vector, op.payload))  # parses the UUID
                 continue
             self._upsert(pending)
             pending = []
