@@ -259,7 +259,8 @@ class Shard:
     ) -> list[DeadLetter]:
         dead: list[DeadLetter] = []
         for name, model in live.items():
-            todo = [p for p in projected if p.offset > model.applied_offset()]
+            applied = model.applied_offset()  # a query, for the SQLite models
+            todo = [p for p in projected if p.offset > applied]
             if not todo:
                 continue
             try:
