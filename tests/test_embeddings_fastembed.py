@@ -3,6 +3,7 @@ and the seed's runnable subclass example on the real default model."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -190,3 +191,28 @@ async def test_seed_example_subclass_embeds_queries_with_its_instruction(
     assert cosine(query, memory) > 0.4
     assert await provider.embed_query("Aurora deployment policy") == query
     assert provider.cache_info().entries == 3
+
+
+@pytest.mark.model
+async def test_default_model_queries_encoded_together_equal_those_encoded_alone(
+    default_model_dir: Path,
+) -> None:
+    questions = [
+        "what did Caroline say about the adoption agency",
+        "when is the deployment",
+        "Melanie's pottery class in July and the lake sunrise painting she made",
+        "dog",
+    ]
+    alone = [await FastEmbedProvider(model_path=default_model_dir).embed([q]) for q in questions]
+    calls: list[int] = []
+
+    class Counted(FastEmbedProvider):
+        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            calls.append(len(texts))
+            return await super().embed(texts)
+
+    cached = CachedEmbeddingProvider(Counted(model_path=default_model_dir))
+    together = await asyncio.gather(*(cached.embed_query(q) for q in questions))
+    assert calls == [4]  # asked for at once: one batch
+    for [expected], vector in zip(alone, together, strict=True):
+        assert max(abs(a - b) for a, b in zip(expected, vector, strict=True)) < 1e-6

@@ -3,7 +3,8 @@
 Query and document entries are kept apart when the wrapped provider has its own
 ``embed_query``; otherwise queries are encoded as documents and share their entries.
 Nothing is admitted until the whole response passed validation, failed calls store
-nothing, and callers get their own copies of the vectors.
+nothing, and callers get their own copies of the vectors. Concurrent queries that miss
+the cache are encoded as one batch (``coalescing.Coalescer``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import msgspec
 
 from prme.schemas.errors import InvalidEmbedding
 
+from .coalescing import Coalescer
 from .protocol import EmbeddingIdentity
 from .validation import (
     check_identity_unchanged,
@@ -52,10 +54,18 @@ class CachedEmbeddingProvider:
         self._entries: OrderedDict[tuple[Task, str], tuple[float, ...]] = OrderedDict()
         self._hits = 0
         self._misses = 0
+        self._queries = Coalescer(self._embed_documents)
+        """Concurrent queries missing from the cache, encoded as documents together."""
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its entries (another process fills its own)."""
-        return {**self.__dict__, "_entries": OrderedDict(), "_hits": 0, "_misses": 0}
+        state = {**self.__dict__, "_entries": OrderedDict(), "_hits": 0, "_misses": 0}
+        del state["_queries"]  # made afresh on the other side
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._queries = Coalescer(self._embed_documents)
 
     @property
     def provider(self) -> Any:
@@ -104,7 +114,10 @@ class CachedEmbeddingProvider:
         if not isinstance(text, str):
             raise TypeError(f"query text is {type(text).__name__}, not str")
         if not self._query_encoder:
-            return (await self._embed_documents([text]))[0]
+            cached = self._lookup(("document", text))
+            if cached is not None:
+                return cached
+            return await self._queries.encode(text)
         check_identity_unchanged(self._identity, self._provider)
         cached = self._lookup(("query", text))
         if cached is not None:
