@@ -10,14 +10,16 @@ the settings name, replays each of its partitions into the partition's staging d
 reports each chunk it applied as a line ``applied PARTITION COUNT`` on stdout, each
 partition it finished as ``staged PARTITION OFFSET`` (the offset it applied), and last
 its vector-cache lookups, ``cache HITS MISSES`` (a miss is a text it encoded), which the
-parent adds to its own cache's counts. The parent then applies what arrived since, under
-each partition's lock, and swaps, as it always does.
+parent adds to its own cache's counts. As each partition is reported staged, the parent
+applies what arrived since, under the partition's lock, and swaps it in, while the
+workers stage the rest.
 
 A child exits when its stdin reaches EOF (the parent died): a rebuild never outlives the
 process that runs it, and what a dead one leaves is a staging directory the next start
 removes. The embedding provider goes to the children pickled; one that does not pickle
-(a custom provider holding a lock or a session) rebuilds in the parent, as before, and so
-does a rebuild whose worker failed (the reason is logged; the parent starts over).
+(a custom provider holding a lock or a session) rebuilds in the parent, as before; when
+a worker fails (the reason is logged), the parent rebuilds the partitions no worker had
+reported staged.
 """
 
 from __future__ import annotations
@@ -133,8 +135,10 @@ async def replay_in_processes(
         ]
         await asyncio.gather(*followers)
     except (OSError, WorkerFailed) as error:
-        left = sorted(set(targets) - set(offsets))
-        _log.warning("rebuilding %s in this process: a rebuild worker failed: %s", left, error)
+        _log.warning(
+            "rebuilding in this process what no worker staged: a rebuild worker failed: %s",
+            error,
+        )
         return
     finally:
         for child in children:

@@ -768,17 +768,23 @@ class ProjectorRunner:
                     await shard.ensure_open()
                     shutil.rmtree(staging_directory(shard.directory), ignore_errors=True)
 
+                shards = dict(todo)  # a partition revoked meanwhile is still swapped
+
                 def swap_in(partition: int, done: StagedPartition) -> None:
                     # Swapped in while the workers stage the rest.
                     staged[partition] = done
                     rebuilding[partition] = asyncio.create_task(
-                        rebuild_one(partition, self.shards[partition])
+                        rebuild_one(partition, shards[partition])
                     )
 
                 await replay_in_processes(self, targets, models, processes, progress, swap_in)
             for partition, shard in todo:  # what no worker staged
                 if partition not in rebuilding:
                     rebuilding[partition] = asyncio.create_task(rebuild_one(partition, shard))
+        except BaseException:
+            for task in rebuilding.values():  # cancelled or failed: swap nothing more
+                task.cancel()
+            raise
         finally:
             outcomes = await asyncio.gather(*rebuilding.values(), return_exceptions=True)
         replayed: dict[int, int] = {}

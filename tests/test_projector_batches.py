@@ -3,6 +3,7 @@ progress, and the history and events models keep the bytes the log gave them."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
@@ -21,7 +22,13 @@ from prme.producers.transport import LogItem
 from prme.projectors import rebuild_worker
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.model import ProjectedRecord
-from prme.projectors.runner import MAX_BATCH_FACTOR, ProjectorRunner, next_batch_size
+from prme.projectors.runner import (
+    MAX_BATCH_FACTOR,
+    REBUILD_CONCURRENCY,
+    ProjectorRunner,
+    StagedPartition,
+    next_batch_size,
+)
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.config import Settings
 
@@ -249,11 +256,49 @@ async def test_a_worker_killed_mid_rebuild_leaves_only_what_it_had_not_staged(
             replayed = await engine.rebuild(processes=2)
         assert await _digests(engine) == before
     assert sum(replayed.values()) == 480
-    assert "in this process: a rebuild worker failed" in caplog.text
+    assert "a rebuild worker failed" in caplog.text
     assert sorted(swapped) == sorted(before)
     from_staging = set(swapped) - replayed_here
     assert from_staging and replayed_here  # the staged ones kept, the rest replayed here
     assert not list((Path(local_settings.data_dir) / "shards").glob("*.rebuild"))
+
+
+async def test_a_cancelled_rebuild_swaps_in_no_partition_it_had_not_started(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _fill(local_settings, 480, owners=24)
+    started: list[int] = []
+    first = asyncio.Event()
+    replay = ProjectorRunner._replay
+
+    async def staging_everything(
+        runner: ProjectorRunner, targets: dict[int, int], *args: Any
+    ) -> None:
+        *_, staged = args
+        for partition in targets:  # reported staged to nothing: replayed by this process
+            staged(partition, StagedPartition(0, -1))
+        await asyncio.sleep(3600)  # workers still going
+
+    async def noted(self: ProjectorRunner, shard: Any, partition: int, *args: Any) -> int:
+        started.append(partition)
+        first.set()
+        return await replay(self, shard, partition, *args)
+
+    monkeypatch.setattr(rebuild_worker, "replay_in_processes", staging_everything)
+    monkeypatch.setattr(rebuild_worker, "MIN_RECORDS_PER_WORKER", 1)
+    monkeypatch.setattr(ProjectorRunner, "_replay", noted)
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
+    ) as engine:
+        before = await _digests(engine)
+        rebuild = asyncio.ensure_future(engine.rebuild(processes=2))
+        await asyncio.wait_for(first.wait(), 30)
+        rebuild.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await rebuild
+        assert await _digests(engine) == before
+    assert len(before) > REBUILD_CONCURRENCY
+    assert len(set(started)) <= REBUILD_CONCURRENCY  # the others never started
 
 
 @pytest.mark.usefixtures("small_packs_use_workers")
