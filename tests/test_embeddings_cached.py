@@ -193,8 +193,9 @@ async def test_a_response_with_the_wrong_count_admits_nothing() -> None:
     assert cached.cache_info().entries == 0
 
 
-async def test_a_changed_provider_identity_raises() -> None:
-    inner = QueryRecorder()
+@pytest.mark.parametrize("recorder", [QueryRecorder, Recorder], ids=["query recipe", "documents"])
+async def test_a_changed_provider_identity_raises(recorder: type[Recorder]) -> None:
+    inner = recorder()
     cached = CachedEmbeddingProvider(inner)
     await cached.embed(["alpha"])
     inner.version = "v2"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import threading
 from collections.abc import Sequence
 
 import pytest
@@ -150,3 +151,33 @@ async def test_a_pickled_provider_coalesces_in_its_own_process() -> None:
     copy = pickle.loads(pickle.dumps(cached))
     assert copy.cache_info().entries == 0
     assert await copy.embed_query("after") == await cached.embed_query("after")
+
+
+async def _encode_slowly(texts: list[str]) -> list[list[float]]:
+    await asyncio.sleep(0.05)
+    return [[float(len(text)), float(threading.get_ident() % 1000)] for text in texts]
+
+
+def test_callers_on_two_event_loops_are_batched_apart_and_answered_on_their_own() -> None:
+    """Sync clients run their own loops in threads: a future is only resolved by its loop."""
+    coalescer = Coalescer(_encode_slowly)
+    results: dict[str, list[list[float]]] = {}
+    both_started = threading.Barrier(2)
+
+    def client(name: str) -> None:
+        async def ask() -> list[list[float]]:
+            both_started.wait()
+            return await asyncio.gather(*(coalescer.encode(name * n) for n in (1, 2, 3)))
+
+        results[name] = asyncio.run(asyncio.wait_for(ask(), 10))
+
+    threads = [threading.Thread(target=client, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    assert sorted(results) == ["a", "b"]
+    for vectors in results.values():
+        assert [v[0] for v in vectors] == [1.0, 2.0, 3.0]
+        assert len({v[1] for v in vectors}) == 1  # one batch, in that client's thread
+    assert coalescer.batches == 2 and coalescer.texts == 6

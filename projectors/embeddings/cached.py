@@ -114,6 +114,7 @@ class CachedEmbeddingProvider:
         if not isinstance(text, str):
             raise TypeError(f"query text is {type(text).__name__}, not str")
         if not self._query_encoder:
+            check_identity_unchanged(self._identity, self._provider)
             cached = self._lookup(("document", text))
             if cached is not None:
                 return cached

@@ -10,43 +10,79 @@ an idle coalescer encodes a text at once, and a lone caller waits for nothing.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 
 MAX_BATCH = 16
-"""The most texts in one batch (a batch of 16 queries takes ~40 ms on one thread)."""
+"""The most calls in one batch (a batch of 16 queries takes ~40 ms on one thread)."""
 
 Encode = Callable[[list[str]], Awaitable[list[list[float]]]]
 
 
 class Coalescer:
     """Runs ``encode`` over the texts of concurrent :meth:`encode` calls, one batch at a
-    time, up to ``max_batch`` distinct texts each; every caller gets its own copy."""
+    time per event loop, up to ``max_batch`` calls each (a text asked for twice is encoded
+    once); every caller gets its own copy. Callers on different event loops (sync clients
+    each run their own) are batched apart: a future is only ever resolved by its loop."""
 
     def __init__(self, encode: Encode, max_batch: int = MAX_BATCH) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self._encode = encode
         self._max_batch = max_batch
-        self._waiting: list[tuple[str, asyncio.Future[list[float]]]] = []
-        self._running: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._queues: dict[int, _LoopQueue] = {}
         self.batches = 0
         """Batches encoded so far (with :attr:`texts`, how well calls were coalesced)."""
         self.texts = 0
 
     async def encode(self, text: str) -> list[float]:
-        loop = asyncio.get_running_loop()
-        if self._running is not None and self._loop is not loop:
-            # A batch runs on another event loop: its futures cannot be awaited here.
-            return list((await self._encode([text]))[0])
-        future: asyncio.Future[list[float]] = loop.create_future()
+        return await self._queue(asyncio.get_running_loop()).encode(text)
+
+    def _queue(self, loop: asyncio.AbstractEventLoop) -> _LoopQueue:
+        with self._lock:
+            queue = self._queues.get(id(loop))
+            if queue is None or queue.loop is not loop:
+                # A loop seen first (or a new one at a freed id): drop the closed ones.
+                for key in [k for k, q in self._queues.items() if q.loop.is_closed()]:
+                    del self._queues[key]
+                queue = self._queues[id(loop)] = _LoopQueue(
+                    loop, self._encode, self._max_batch, self._counted
+                )
+            return queue
+
+    def _counted(self, texts: int) -> None:
+        with self._lock:
+            self.batches += 1
+            self.texts += texts
+
+
+class _LoopQueue:
+    """One event loop's waiting calls and the task encoding them (used on that loop only)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        encode: Encode,
+        max_batch: int,
+        counted: Callable[[int], None],
+    ) -> None:
+        self.loop = loop
+        self._encode = encode
+        self._max_batch = max_batch
+        self._counted = counted
+        self._waiting: list[tuple[str, asyncio.Future[list[float]]]] = []
+        self._running: asyncio.Task[None] | None = None
+
+    async def encode(self, text: str) -> list[float]:
+        future: asyncio.Future[list[float]] = self.loop.create_future()
         self._waiting.append((text, future))
         if self._running is None:
-            self._loop = loop
-            self._running = loop.create_task(self._drain())
+            self._running = self.loop.create_task(self._drain())
         return await future
 
     async def _drain(self) -> None:
+        batch: list[tuple[str, asyncio.Future[list[float]]]] = []
         try:
             while self._waiting:
                 batch = self._waiting[: self._max_batch]
@@ -56,21 +92,19 @@ class Coalescer:
                     continue
                 try:
                     found = dict(zip(texts, await self._encode(texts), strict=True))
-                except asyncio.CancelledError:
-                    for _, future in self._waiting + batch:
-                        future.cancel()
-                    self._waiting.clear()
-                    raise
                 except Exception as error:  # noqa: BLE001 - handed to the batch's callers
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(error)
                     continue
-                self.batches += 1
-                self.texts += len(texts)
+                self._counted(len(texts))
                 for text, future in batch:
                     if not future.done():
                         future.set_result(list(found[text]))
         finally:
+            # Cancelled (the loop is closing) or interrupted: nobody is left waiting.
+            for _, future in batch + self._waiting:
+                if not future.done():
+                    future.cancel()
+            self._waiting.clear()
             self._running = None
-            self._loop = None
