@@ -185,6 +185,20 @@ async def _digests(engine: MemoryEngine) -> dict[int, dict[str, str]]:
     return {p: s.digests() for p, s in engine.runner.shards.items() if s.models}
 
 
+async def _rebuilt(
+    settings: Settings, provider: Any, processes: int
+) -> tuple[dict[int, dict[str, str]], dict[int, int]]:
+    """Rebuild the pack in ``settings``; its digests (checked unchanged) and what was
+    replayed per partition."""
+    async with await MemoryEngine.open(
+        settings=settings, embedding_provider=provider, create_if_missing=True
+    ) as engine:
+        before = await _digests(engine)
+        replayed = await engine.rebuild(processes=processes)
+        assert await _digests(engine) == before
+    return before, replayed
+
+
 @pytest.mark.usefixtures("small_packs_use_workers")
 async def test_each_staged_partition_is_swapped_in_while_the_workers_go_on(
     local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
@@ -206,12 +220,7 @@ async def test_each_staged_partition_is_swapped_in_while_the_workers_go_on(
 
     monkeypatch.setattr(ProjectorRunner, "_swap", timed_swap)
     monkeypatch.setattr(rebuild_worker, "_follow", timed_follow)
-    async with await MemoryEngine.open(
-        settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
-    ) as engine:
-        before = await _digests(engine)
-        replayed = await engine.rebuild(processes=2)
-        assert await _digests(engine) == before
+    before, replayed = await _rebuilt(local_settings, hashed_provider, processes=2)
     assert sum(replayed.values()) == 480
     assert len(workers_done) == 2 and len(swapped_at) == len(before) > 2
     assert min(swapped_at) < max(workers_done)  # not all swapped after the last worker
@@ -248,13 +257,8 @@ async def test_a_worker_killed_mid_rebuild_leaves_only_what_it_had_not_staged(
     monkeypatch.setattr(rebuild_worker, "_start", kept)
     monkeypatch.setattr(ProjectorRunner, "_swap", swap_then_kill)
     monkeypatch.setattr(ProjectorRunner, "_replay", noted)
-    async with await MemoryEngine.open(
-        settings=local_settings, embedding_provider=hashed_provider, create_if_missing=True
-    ) as engine:
-        before = await _digests(engine)
-        with caplog.at_level(logging.WARNING, logger="prme.projectors.rebuild_worker"):
-            replayed = await engine.rebuild(processes=2)
-        assert await _digests(engine) == before
+    with caplog.at_level(logging.WARNING, logger="prme.projectors.rebuild_worker"):
+        before, replayed = await _rebuilt(local_settings, hashed_provider, processes=2)
     assert sum(replayed.values()) == 480
     assert "a rebuild worker failed" in caplog.text
     assert sorted(swapped) == sorted(before)
