@@ -19,8 +19,6 @@ from prme.query.serve import advertised_url
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 
-from .cluster_harness import free_port
-
 
 def test_a_cluster_node_on_a_wildcard_address_must_say_where_it_is_reached() -> None:
     settings = Settings().replace(
@@ -68,11 +66,27 @@ def test_only_reads_and_waits_are_resent_after_a_broken_connection() -> None:
     assert not _repeatable("POST", "/v1/nodes/mem:1/archive")
 
 
-def test_processes_start_when_a_members_port_is_taken(tmp_path: Path) -> None:
-    port = free_port()
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", port + 1))  # PORT+1, the first member's own port
+def _free_port_below_a_taken_one() -> tuple[int, socket.socket]:
+    """A free port P and a listening socket holding P+1 (a CI run's free P once found
+    P+1 in use by another process)."""
+    for _ in range(100):
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1] - 1
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                taken.close()
+                continue
         taken.listen()
+        return port, taken
+    raise RuntimeError("no free port below a taken one on 127.0.0.1")
+
+
+def test_processes_start_when_a_members_port_is_taken(tmp_path: Path) -> None:
+    port, taken = _free_port_below_a_taken_one()  # PORT+1: the first member's own port
+    with taken:
         command = [sys.executable, "-m", "prme.cli", "serve", "--processes", "2"]
         command += ["--data-dir", str(tmp_path / "pack"), "--port", str(port)]
         log = tmp_path / "serve.log"
