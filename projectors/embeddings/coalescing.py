@@ -32,9 +32,6 @@ class Coalescer:
         self._max_batch = max_batch
         self._lock = threading.Lock()
         self._queues: dict[int, _LoopQueue] = {}
-        self.batches = 0
-        """Batches encoded so far (with :attr:`texts`, how well calls were coalesced)."""
-        self.texts = 0
 
     async def encode(self, text: str) -> list[float]:
         return await self._queue(asyncio.get_running_loop()).encode(text)
@@ -46,31 +43,17 @@ class Coalescer:
                 # A loop seen first (or a new one at a freed id): drop the closed ones.
                 for key in [k for k, q in self._queues.items() if q.loop.is_closed()]:
                     del self._queues[key]
-                queue = self._queues[id(loop)] = _LoopQueue(
-                    loop, self._encode, self._max_batch, self._counted
-                )
+                queue = self._queues[id(loop)] = _LoopQueue(loop, self._encode, self._max_batch)
             return queue
-
-    def _counted(self, texts: int) -> None:
-        with self._lock:
-            self.batches += 1
-            self.texts += texts
 
 
 class _LoopQueue:
     """One event loop's waiting calls and the task encoding them (used on that loop only)."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        encode: Encode,
-        max_batch: int,
-        counted: Callable[[int], None],
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, encode: Encode, max_batch: int) -> None:
         self.loop = loop
         self._encode = encode
         self._max_batch = max_batch
-        self._counted = counted
         self._waiting: list[tuple[str, asyncio.Future[list[float]]]] = []
         self._running: asyncio.Task[None] | None = None
 
@@ -97,7 +80,6 @@ class _LoopQueue:
                         if not future.done():
                             future.set_exception(error)
                     continue
-                self._counted(len(texts))
                 for text, future in batch:
                     if not future.done():
                         future.set_result(list(found[text]))
