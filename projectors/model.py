@@ -9,6 +9,7 @@ record), so re-applying records after a crash is harmless.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -46,7 +47,8 @@ class ProjectedRecord(msgspec.Struct, frozen=True, kw_only=True):
     offset: int
     record: AnyRecord
     node: MemoryNode | None = None
-    vector: list[float] | None = None
+    vector: Sequence[float] | None = None
+    """A :data:`Float32Vector` from the projector; read, never changed."""
     data: bytes | None = None
     """The record's plain bytes: as the log gave them, or as they opened when sealed
     (stored as they are: no re-encoding)."""

@@ -24,7 +24,7 @@ from prme.schemas.metrics import Metrics, transport_label
 from .backends import VectorBackend
 from .dead_letters import DeadLetter, send_dead_letter
 from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
-from .embeddings.validation import identity_of
+from .embeddings.validation import Float32Vector, identity_of
 from .embeddings.vector_cache import VectorCache, content_hash, embed_with_cache
 from .erasure import Forgetting
 from .model import ModelName
@@ -347,7 +347,7 @@ class ProjectorRunner:
             _log.warning("standby p%d@%d: %s", letter.partition, letter.offset, letter.error)
         return True
 
-    async def _published_vectors(self, texts: list[str]) -> list[list[float]]:
+    async def _published_vectors(self, texts: list[str]) -> list[Float32Vector]:
         """The vectors of ``texts`` from the cache only (VectorsNotPublished otherwise)."""
         found = await asyncio.to_thread(
             self._vector_cache.get_hashed, self.identity, [content_hash(t) for t in texts]
@@ -510,7 +510,7 @@ class ProjectorRunner:
             async with self._progress:
                 self._progress.notify_all()
 
-    async def _encode(self, texts: list[str]) -> list[list[float]]:
+    async def _encode(self, texts: list[str]) -> list[Float32Vector]:
         # One embed call at a time: the provider is shared by the shards applying at once.
         async with self._encode_lock:
             return await embed_with_cache(self.provider, self._vector_cache, texts, self.metrics)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import math
 from fractions import Fraction
 
@@ -109,6 +110,28 @@ def test_checked_float_lists_are_handed_back_as_they_are_and_others_copied() -> 
     copied = checked_vectors(IDENTITY, mixed)
     assert copied == [[1.0, 2.5, -3.0], [0.0, 1e-3, 0.5]] and copied[0] is not mixed[0]
     assert all(type(value) is float for vector in copied for value in vector)
+
+
+def test_checked_float32_vectors_are_handed_back_as_they_are() -> None:
+    vectors = [array.array("f", [1.0, 2.5, -3.0]), array.array("f", [0.0, 1e-3, 0.5])]
+    kept = checked_vectors(IDENTITY, vectors)
+    assert kept is vectors
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (array.array("f", [0.0, math.nan, 0.0]), "vector 1: component 1 is nan"),
+        (array.array("f", [0.0, 0.0, math.inf]), "vector 1: component 2 is inf"),
+        (array.array("f", [0.0, 1.0]), "vector 1: has 2 components"),
+        (array.array("d", [0.0, 1.0, 0.0]), "vector 1: expected a list"),
+    ],
+)
+def test_a_malformed_float32_vector_is_rejected_naming_its_index(
+    bad: array.array[float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        checked_vectors(IDENTITY, [array.array("f", [0.0, 0.0, 1.0]), bad])
 
 
 def test_rational_numbers_are_real_numbers() -> None:

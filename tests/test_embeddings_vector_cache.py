@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from array import array
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,7 +94,39 @@ async def test_a_second_embed_with_cache_makes_zero_provider_calls(tmp_path: Pat
     assert provider.calls == [["alpha beta", "gamma", "delta"]]
     assert first == second
     assert first[0] == first[2] and first[0] is not first[2]
-    assert first[1] == as_float32(provider.vector("gamma"))
+    assert first[1].tolist() == as_float32(provider.vector("gamma"))
+
+
+async def test_vectors_come_back_as_float32_arrays_equal_to_the_stored_ones(
+    tmp_path: Path,
+) -> None:
+    provider = Counting()
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        computed = await embed_with_cache(provider, cache, ["a", "b"])
+        cached = await embed_with_cache(provider, cache, ["a", "b"])
+        listed = cache.get_many(provider, ["a", "b"])
+    for vectors in (computed, cached):
+        assert all(isinstance(v, array) and v.typecode == "f" for v in vectors)
+        assert [v.tolist() for v in vectors] == listed
+    assert listed == [as_float32(provider.vector("a")), as_float32(provider.vector("b"))]
+
+
+async def test_a_stored_vector_that_is_not_finite_counts_as_missing(tmp_path: Path) -> None:
+    provider = Counting(dimension=4)
+    poisoned = np.array([0.5, np.nan, 0.5, 0.5], dtype="<f4").tobytes()
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        await embed_with_cache(provider, cache, ["kept"])
+        cache.load_changelog(
+            provider_key(provider), {content_hash("bad"): poisoned}, [], "prme.vectors", 1
+        )
+        assert cache.get_many(provider, ["bad", "kept"])[0] is None
+        vectors = await embed_with_cache(provider, cache, ["bad", "kept"])
+    assert provider.calls[-1] == ["bad"]
+    assert vectors[0].tolist() == as_float32(provider.vector("bad"))
+
+
+def provider_key(provider: Counting) -> str:
+    return EmbeddingIdentity(provider.model_name, provider.model_version, provider.dimension).key
 
 
 async def test_only_misses_are_encoded_in_one_call(tmp_path: Path) -> None:
@@ -103,7 +136,8 @@ async def test_only_misses_are_encoded_in_one_call(tmp_path: Path) -> None:
         result = await embed_with_cache(provider, cache, ["c", "a", "d", "c"])
     assert provider.calls[-1] == ["c", "d"]
     assert len(provider.calls) == 2
-    assert result[0] == result[3] == as_float32(provider.vector("c"))
+    assert result[0] == result[3]
+    assert result[0].tolist() == as_float32(provider.vector("c"))
 
 
 async def test_changing_the_model_misses_by_construction(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ these checks, so a malformed response is rejected whole before anything is store
 
 from __future__ import annotations
 
+import array
 import itertools
 import numbers
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,23 @@ from .protocol import EmbeddingIdentity
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 _PLAIN_NUMBERS = frozenset((float, int))
+
+Float32Vector = array.array
+"""A vector as float32 (typecode ``"f"``): what the vector cache holds, handed on to the
+stores without a list of Python floats in between."""
+
+
+def float32_vector(data: bytes | memoryview) -> Float32Vector:
+    """A vector from its little-endian float32 bytes (as the cache and changelog keep it)."""
+    vector = array.array("f", data)
+    if sys.byteorder != "little":
+        vector.byteswap()
+    return vector
+
+
+def float32_vectors(matrix: np.ndarray) -> list[Float32Vector]:
+    """The rows of a float32 matrix as vectors."""
+    return [array.array("f", row.tobytes()) for row in matrix.astype(np.float32)]
 
 
 def identity_of(provider: Any) -> EmbeddingIdentity:
@@ -88,19 +107,31 @@ def validate_vectors(
     return rows
 
 
-def checked_vectors(identity_or_provider: Any, vectors: list[Any]) -> list[list[float]]:
+def checked_vectors(
+    identity_or_provider: Any, vectors: list[Any]
+) -> list[list[float]] | list[Float32Vector]:
     """``validate_vectors(identity, len(vectors), vectors)`` for a caller that only reads
-    the result: when every vector is a ``list`` of ``float`` (what the embedding path hands
-    on), the lists themselves once checked, saving the copy; otherwise the fresh lists."""
+    the result: when every vector is a :data:`Float32Vector` (what the embedding path hands
+    on) or a ``list`` of ``float``, the vectors themselves once checked, saving the copy;
+    otherwise the fresh lists."""
     dimension = identity_of(identity_or_provider).dimension
-    if (
-        isinstance(vectors, list)
-        and all(type(v) is list and len(v) == dimension for v in vectors)
+    if not isinstance(vectors, list):
+        return validate_vectors(identity_or_provider, len(vectors), vectors)
+    if all(_is_float32(v) and len(v) == dimension for v in vectors):
+        if _in_float32(np.frombuffer(b"".join(vectors), dtype=np.float32)):
+            return vectors
+    elif (
+        all(type(v) is list and len(v) == dimension for v in vectors)
         and set(map(type, itertools.chain.from_iterable(vectors))) <= {float}
         and _in_float32(np.array(vectors, dtype=np.float64))
     ):
         return vectors
-    return validate_vectors(identity_or_provider, len(vectors), vectors)
+    plain = [v.tolist() if _is_float32(v) else v for v in vectors]
+    return validate_vectors(identity_or_provider, len(plain), plain)
+
+
+def _is_float32(vector: Any) -> bool:
+    return type(vector) is array.array and vector.typecode == "f"
 
 
 def _in_float32(matrix: np.ndarray) -> bool:

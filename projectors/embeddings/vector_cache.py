@@ -13,6 +13,7 @@ import hashlib
 import sqlite3
 import threading
 import time
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,15 @@ from prme.schemas.metrics import Metrics
 
 from ..stores.sqlite_base import LockedDatabase, transaction
 from .protocol import EmbeddingIdentity
-from .validation import check_identity_unchanged, check_texts, identity_of, validate_matrix
+from .validation import (
+    Float32Vector,
+    check_identity_unchanged,
+    check_texts,
+    float32_vector,
+    float32_vectors,
+    identity_of,
+    validate_matrix,
+)
 
 _FLOAT32 = np.dtype("<f4")
 _CHUNK = 500
@@ -106,12 +115,14 @@ class VectorCache(LockedDatabase):
         """The cached vector of each text under ``identity`` (a provider works too), or
         ``None`` where there is none."""
         ident = identity_of(identity)
-        return self.get_hashed(ident, [content_hash(text) for text in check_texts(texts)])
+        found = self.get_hashed(ident, [content_hash(text) for text in check_texts(texts)])
+        return [None if vector is None else vector.tolist() for vector in found]
 
     def get_hashed(
         self, identity: EmbeddingIdentity, hashes: Sequence[str]
-    ) -> list[list[float] | None]:
-        """``get_many`` for texts given by their ``content_hash``."""
+    ) -> list[Float32Vector | None]:
+        """``get_many`` for texts given by their ``content_hash``, as float32 vectors. A
+        stored vector of the wrong width or with a non-finite component counts as missing."""
         unique = list(dict.fromkeys(hashes))
         stored: dict[str, bytes] = {}
         with self._lock:
@@ -125,10 +136,15 @@ class VectorCache(LockedDatabase):
                 )
                 stored.update(rows)
         width = identity.dimension * _FLOAT32.itemsize
+        usable = {digest: blob for digest, blob in stored.items() if len(blob) == width}
+        if usable:
+            joined = np.frombuffer(b"".join(usable.values()), dtype=_FLOAT32)
+            matrix = joined.reshape(len(usable), identity.dimension)
+            digests = list(usable)
+            for index in np.flatnonzero(~np.isfinite(matrix).all(axis=1)).tolist():
+                del usable[digests[index]]
         found = [
-            np.frombuffer(blob, dtype=_FLOAT32).tolist()
-            if (blob := stored.get(digest)) is not None and len(blob) == width
-            else None
+            float32_vector(blob) if (blob := usable.get(digest)) is not None else None
             for digest in hashes
         ]
         hits = sum(vector is not None for vector in found)
@@ -250,10 +266,10 @@ class VectorCache(LockedDatabase):
 
 async def embed_with_cache(
     provider: Any, cache: VectorCache, texts: Sequence[str], metrics: Metrics | None = None
-) -> list[list[float]]:
-    """Vectors for ``texts`` in order (float32-rounded): cached ones from ``cache``, the
-    rest from ONE ``provider.embed`` call over the distinct missing texts, validated and
-    stored before they are returned (the call counted and timed in ``metrics``)."""
+) -> list[Float32Vector]:
+    """Vectors for ``texts`` in order, as float32: cached ones from ``cache``, the rest from
+    ONE ``provider.embed`` call over the distinct missing texts, validated and stored
+    before they are returned (the call counted and timed in ``metrics``)."""
     identity = identity_of(provider)
     batch = check_texts(texts)
     hashes = [content_hash(text) for text in batch]
@@ -279,8 +295,8 @@ async def embed_with_cache(
     await asyncio.to_thread(
         cache.put_checked, identity, [hashes[index] for _, index in missing_at], rounded
     )
-    computed = dict(zip(missing, rounded.tolist(), strict=True))
+    computed = dict(zip(missing, float32_vectors(rounded), strict=True))
     return [
-        hit if hit is not None else list(computed[text])
+        hit if hit is not None else array("f", computed[text])
         for text, hit in zip(batch, cached, strict=True)
     ]

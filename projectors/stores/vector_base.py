@@ -13,7 +13,7 @@ import hashlib
 import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -62,7 +62,7 @@ class TrackingState(msgspec.Struct, frozen=True):
 
 class UpsertPoint(msgspec.Struct, frozen=True, tag="upsert"):
     point_id: str
-    vector: list[float]
+    vector: Sequence[float]
     payload: dict[str, Any]
 
 

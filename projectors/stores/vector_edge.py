@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from qdrant_edge import (
     CountRequest,
@@ -153,7 +153,9 @@ class EdgeVectorModel(VectorModelBase):
         pending: list[Point] = []
         for op in ops:
             if isinstance(op, UpsertPoint):
-                pending.append(Point(op.point_id, op.vector, op.payload))  # parses the UUID
+                # Point reads any float sequence (stubs say list): a float32 array, uncopied.
+                vector = cast("list[float]", op.vector)
+                pending.append(Point(op.point_id, vector, op.payload))  # parses the UUID
                 continue
             self._upsert(pending)
             pending = []

@@ -133,7 +133,7 @@ class QdrantVectorModel(VectorModelBase):
             if isinstance(op, UpsertPoint):
                 payload = {**op.payload, "partition": self._partition}
                 pending.append(
-                    models.PointStruct(id=op.point_id, vector=op.vector, payload=payload)
+                    models.PointStruct(id=op.point_id, vector=list(op.vector), payload=payload)
                 )
                 continue
             flush()
