@@ -8,8 +8,9 @@ provider (384 dimensions; the first projection is timed too). Then, in the same 
   it runs in-process like the other benchmarks), with ``--processes`` rebuild workers as
   ``prme rebuild`` defaults to, and then in one process, alternating, with the texts each
   encoded counted (the vector cache should answer all of them: 0);
-* **floors**: the same content written straight into each engine, as fast as this code
-  knows how: every vector point (id, vector, payload) upserted into a fresh qdrant-edge
+* **floors** (``benchmarks/rebuild_floors.py``, in a child process that holds the content
+  read back from the pack): the same content written straight into each engine, as fast
+  as this code knows how: every vector point (id, vector, payload) upserted into a fresh qdrant-edge
   shard in chunks of 4,096; every lexical document added to a fresh Tantivy index with the
   same schema and one commit per partition; every row of the graph, history, events and
   lexical-sidecar SQLite files inserted with ``executemany`` into fresh files with the same
@@ -24,35 +25,18 @@ Runs alternate (rebuild, floors, rebuild, ...); medians are quoted.
 from __future__ import annotations
 
 import argparse
-import shutil
-import sqlite3
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import tantivy
-from qdrant_edge import Distance, EdgeConfig, EdgeShard, EdgeVectorParams, Point, UpdateOperation
-
 from benchmarks.common import add_workload_options, machine, median, ratio, run_benchmark
 from benchmarks.projection import TimedProvider, drafts, fill_log
+from benchmarks.rebuild_floors import DIMENSION, FloorWriter
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.rebuild_worker import default_processes
 from prme.projectors.registry import MODEL_NAMES
-from prme.projectors.stores.lexical import LexicalModel, _schema, document_fields
-from prme.projectors.stores.vector_base import point_id
-from prme.projectors.stores.vector_edge import EdgeVectorModel
 from prme.query.engine import MemoryEngine
 from prme.schemas.config import Settings
-
-DIMENSION = 384
-VECTOR_CHUNK = 4096
-SQLITE_FILES = {
-    "graph": "graph/graph.sqlite3",
-    "history": "history/history.sqlite3",
-    "events": "events/events.sqlite3",
-    "lexical_sidecar": "lexical/windows.sqlite3",
-}
 
 
 def settings_for(data: Path, partitions: int) -> Settings:
@@ -90,144 +74,18 @@ async def rebuild_once(data: Path, partitions: int, processes: int = 1) -> dict[
     return {"seconds": seconds, "records": sum(replayed.values()), "texts": texts}
 
 
-class Content:
-    """What the pack's read models hold, read back once, to write straight into engines."""
-
-    def __init__(self, data: Path) -> None:
-        self.points: list[list[tuple[uuid.UUID, list[float], dict[str, Any]]]] = []
-        self.documents: list[list[dict[str, Any]]] = []
-        self.tables: dict[str, list[tuple[str, list[str], list[tuple[Any, ...]]]]] = {}
-        shards = sorted(p for p in (data / "shards").iterdir() if p.is_dir())
-        identity = HashedBagOfWordsProvider(dimension=DIMENSION)
-        for shard in shards:
-            vector = EdgeVectorModel(shard / "vector", _identity(identity))
-            try:
-                self.points.append(
-                    [
-                        (
-                            uuid.UUID(point_id(str(p.payload["node_id"]))),
-                            p.vector,
-                            dict(p.payload),
-                        )
-                        for p in vector._points()
-                    ]
-                )
-            finally:
-                vector.close()
-            lexical = LexicalModel(shard / "lexical")
-            try:
-                self.documents.append(
-                    [document_fields(document) for document in lexical.documents()]
-                )
-            finally:
-                lexical.close()
-            for name, relative in SQLITE_FILES.items():
-                self.tables.setdefault(name, []).extend(_tables(shard / relative))
-        self.records = sum(len(points) for points in self.points)
-
-
-def _identity(provider: HashedBagOfWordsProvider) -> Any:
-    from prme.projectors.embeddings.validation import identity_of
-
-    return identity_of(provider)
-
-
-def _tables(path: Path) -> list[tuple[str, list[str], list[tuple[Any, ...]]]]:
-    """(schema SQL, index SQLs, rows) of every table of the file."""
-    db = sqlite3.connect(path)
-    try:
-        found = []
-        for name, sql in db.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
-        ).fetchall():
-            indexes = [
-                row[0]
-                for row in db.execute(
-                    "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? "
-                    "AND sql IS NOT NULL",
-                    (name,),
-                )
-            ]
-            found.append((sql, indexes, db.execute(f"SELECT * FROM {name}").fetchall()))
-        return found
-    finally:
-        db.close()
-
-
-def floor_vector(content: Content, work: Path) -> float:
-    started = time.perf_counter()
-    for index, points in enumerate(content.points):
-        path = work / f"vector-{index}"
-        path.mkdir(parents=True)
-        params = EdgeVectorParams(size=DIMENSION, distance=Distance.Cosine)
-        shard = EdgeShard.create(str(path), EdgeConfig(vectors=params))
-        try:
-            for start in range(0, len(points), VECTOR_CHUNK):
-                chunk = [Point(i, v, p) for i, v, p in points[start : start + VECTOR_CHUNK]]
-                shard.update(UpdateOperation.upsert_points(chunk))
-        finally:
-            shard.close()
-    return time.perf_counter() - started
-
-
-def floor_lexical(content: Content, work: Path) -> float:
-    started = time.perf_counter()
-    for index, documents in enumerate(content.documents):
-        path = work / f"lexical-{index}"
-        path.mkdir(parents=True)
-        index_ = tantivy.Index(_schema(), path=str(path))
-        writer = index_.writer(heap_size=48_000_000, num_threads=1)
-        for fields in documents:
-            writer.add_document(tantivy.Document(**fields))
-        writer.commit()
-        writer.wait_merging_threads()
-    return time.perf_counter() - started
-
-
-def floor_sqlite(content: Content, work: Path) -> dict[str, float]:
-    seconds: dict[str, float] = {}
-    for name, tables in content.tables.items():
-        started = time.perf_counter()
-        for index, (schema, indexes, rows) in enumerate(tables):
-            db = sqlite3.connect(work / f"{name}-{index}.sqlite3", isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(schema)
-            for sql in indexes:
-                db.execute(sql)
-            if rows:
-                marks = ",".join("?" * len(rows[0]))
-                table = schema.split("(")[0].split()[-1]
-                db.execute("BEGIN IMMEDIATE")
-                db.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
-                db.execute("COMMIT")
-            db.close()
-        seconds[name] = time.perf_counter() - started
-    return seconds
-
-
-def floors_once(content: Content, work: Path) -> dict[str, float]:
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    seconds = {"vector": floor_vector(content, work), "lexical": floor_lexical(content, work)}
-    seconds.update(floor_sqlite(content, work))
-    seconds["sum"] = sum(seconds.values())
-    shutil.rmtree(work, ignore_errors=True)
-    return seconds
-
-
 async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     data = work / "pack"
     first = await build_pack(data, arguments.partitions, arguments.messages, arguments.owners)
-    content = Content(data)
     rebuilds: list[dict[str, float]] = []
     in_process: list[dict[str, float]] = []
     floors: list[dict[str, float]] = []
-    for _ in range(arguments.runs):
-        rebuilds.append(await rebuild_once(data, arguments.partitions, arguments.processes))
-        if arguments.processes > 1:
-            in_process.append(await rebuild_once(data, arguments.partitions))
-        floors.append(floors_once(content, work / "floors"))
+    async with FloorWriter(data, work / "floors") as writer:
+        for _ in range(arguments.runs):
+            rebuilds.append(await rebuild_once(data, arguments.partitions, arguments.processes))
+            if arguments.processes > 1:
+                in_process.append(await rebuild_once(data, arguments.partitions))
+            floors.append(await writer.once())
     rebuild_s = median([r["seconds"] for r in rebuilds])
     floor_parts = {key: round(median([f[key] for f in floors]), 3) for key in floors[0]}
     one_process: dict[str, Any] = {}
@@ -260,7 +118,7 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         },
         "rebuild_in_one_process": one_process,
         "floors_seconds": floor_parts,
-        "floor_points": content.records,
+        "floor_points": writer.records,
         "rebuild_to_summed_floors": ratio(rebuild_s, floor_parts["sum"]),
     }
 
