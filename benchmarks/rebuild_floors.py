@@ -178,7 +178,10 @@ class FloorWriter:
 
     async def __aenter__(self) -> FloorWriter:
         self._child = await asyncio.create_subprocess_exec(
-            *self._arguments, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+            *self._arguments,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[1],  # where `benchmarks` imports from
         )
         self.records = int((await self._line())["records"])
         return self
