@@ -37,7 +37,7 @@ def float32_vector(data: bytes | memoryview) -> Float32Vector:
 
 def float32_vectors(matrix: np.ndarray) -> list[Float32Vector]:
     """The rows of a float32 matrix as vectors."""
-    return [array.array("f", row.tobytes()) for row in matrix.astype(np.float32)]
+    return [array.array("f", row.tobytes()) for row in matrix.astype(np.float32, copy=False)]
 
 
 def identity_of(provider: Any) -> EmbeddingIdentity:
