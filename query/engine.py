@@ -522,6 +522,7 @@ def default_provider(settings: Settings) -> EmbeddingProvider:
             models_dir=settings.models_path,
             batch_size=settings.embedding.batch_size,
             threads=settings.embedding.threads,
+            query_threads=settings.embedding.query_threads,
         ),
         max_entries=settings.embedding.cache_entries,
     )

@@ -228,8 +228,9 @@ class Retriever:
         try:
             if embed_query is not None:
                 vector = list(await embed_query(query))
-            else:
-                vector = list((await provider.embed([query]))[0])
+            else:  # the document recipe, on the provider's path for a few texts if it has one
+                encode = getattr(provider, "embed_interactive", None) or provider.embed
+                vector = list((await encode([query]))[0])
         except Exception as error:
             return _Embedded(
                 None,

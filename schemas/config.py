@@ -45,6 +45,10 @@ class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     batch_size: int = 32
     cache_entries: int = 10_000
     threads: int | None = None
+    """ONNX threads for documents (projection); ``None``: onnxruntime's choice, every core."""
+    query_threads: int | None = 1
+    """ONNX threads for queries, on a second session of the same model: a query is a few
+    texts, for which an intra-op pool spends about twice the CPU for ~15 % less latency."""
 
 
 class ScoringSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -152,6 +152,33 @@ async def test_a_pickled_provider_coalesces_in_its_own_process() -> None:
     assert await copy.embed_query("after") == await cached.embed_query("after")
 
 
+class InteractiveProvider(CountingProvider):
+    """Has the cheaper path for a few texts (same vectors); records which path ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interactive: list[list[str]] = []
+
+    async def embed_interactive(self, texts: Sequence[str]) -> list[list[float]]:
+        self.interactive.append(list(texts))
+        return await HashedBagOfWordsProvider.embed(self, texts)
+
+
+async def test_queries_take_the_interactive_path_and_share_entries_with_documents() -> None:
+    inner = InteractiveProvider()
+    cached = CachedEmbeddingProvider(inner)
+    reference = HashedBagOfWordsProvider(dimension=8)
+    questions = await asyncio.gather(*(cached.embed_query(f"q{i}") for i in range(3)))
+    assert inner.interactive == [["q0", "q1", "q2"]] and inner.calls == []
+    assert questions == await reference.embed(["q0", "q1", "q2"])
+    # Documents take embed; a query's entry answers a document of the same text ...
+    assert await cached.embed(["q1", "a document"]) == await reference.embed(["q1", "a document"])
+    assert inner.calls == [["a document"]]
+    # ... and a document's entry answers a query.
+    assert await cached.embed_query("a document") == (await reference.embed(["a document"]))[0]
+    assert len(inner.interactive) == 1 and len(inner.calls) == 1
+
+
 def test_callers_on_two_event_loops_are_batched_apart_and_answered_on_their_own() -> None:
     """Sync clients run their own loops in threads: a future is only resolved by its loop."""
     batches: list[list[str]] = []

@@ -4,6 +4,7 @@ and the seed's runnable subclass example on the real default model."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,6 +74,10 @@ def test_declared_dimension_must_match_a_registered_model() -> None:
         {"dimension": 0},
         {"dimension": True},
         {"batch_size": 0},
+        {"threads": 0},
+        {"query_threads": -1},
+        {"query_threads": True},
+        {"threads": "2"},
     ],
 )
 def test_invalid_construction_arguments_raise(kwargs: dict[str, object]) -> None:
@@ -207,12 +212,41 @@ async def test_default_model_queries_encoded_together_equal_those_encoded_alone(
     calls: list[int] = []
 
     class Counted(FastEmbedProvider):
-        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        async def embed_interactive(self, texts: Sequence[str]) -> list[list[float]]:
             calls.append(len(texts))
-            return await super().embed(texts)
+            return await super().embed_interactive(texts)
 
     cached = CachedEmbeddingProvider(Counted(model_path=default_model_dir))
     together = await asyncio.gather(*(cached.embed_query(q) for q in questions))
-    assert calls == [4]  # asked for at once: one batch
+    assert calls == [4]  # asked for at once: one batch, on the query session
     for [expected], vector in zip(alone, together, strict=True):
         assert max(abs(a - b) for a, b in zip(expected, vector, strict=True)) < 1e-6
+
+
+def _session_threads(model: object) -> int:
+    session = model.model.model  # type: ignore[attr-defined]  # fastembed's ONNX session
+    return int(session.get_session_options().intra_op_num_threads)
+
+
+@pytest.mark.model
+async def test_queries_use_a_one_thread_session_that_gives_the_same_vectors_bit_for_bit(
+    default_model_dir: Path,
+) -> None:
+    provider = FastEmbedProvider(model_path=default_model_dir, threads=2)
+    documents = await provider.embed(CHAT)
+    queries = await provider.embed_interactive(CHAT)
+    alone = [(await provider.embed_interactive([text]))[0] for text in CHAT]
+    assert queries == documents == alone
+    assert _session_threads(provider._loaded_for_queries()) == 1
+    assert _session_threads(provider._loaded()) == 2
+    copy = pickle.loads(pickle.dumps(provider))  # sessions stay behind; a copy loads its own
+    assert copy._model is None and copy._query_model is None
+    assert await copy.embed_interactive(CHAT[:2]) == documents[:2]
+
+
+@pytest.mark.model
+async def test_equal_thread_counts_share_one_session(default_model_dir: Path) -> None:
+    provider = FastEmbedProvider(model_path=default_model_dir, threads=1, query_threads=1)
+    await provider.embed_interactive(["hello"])
+    assert provider._loaded_for_queries() is provider._loaded()
+    assert provider._query_model is None

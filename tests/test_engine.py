@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from prme import MemoryEngine, MessageDraft
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.schemas.config import Settings
 from prme.schemas.errors import Forbidden, InvalidInput, NotFound
 
@@ -64,6 +65,30 @@ async def test_receipt_says_how_each_result_was_found(engine: MemoryEngine) -> N
     assert receipt.embedding.dimension == engine.provider.dimension
     assert receipt.embedding.embed_query_used is False
     assert receipt.request_id and receipt.elapsed_ms > 0
+
+
+async def test_an_unwrapped_provider_embeds_queries_on_its_interactive_path(
+    local_settings: Settings,
+) -> None:
+    class Interactive(HashedBagOfWordsProvider):
+        def __init__(self) -> None:
+            super().__init__(dimension=16)
+            self.interactive: list[list[str]] = []
+
+        async def embed_interactive(self, texts: list[str]) -> list[list[float]]:
+            self.interactive.append(list(texts))
+            return await self.embed(texts)
+
+    provider = Interactive()
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=provider)
+    try:
+        await engine.store("green tea every morning", "alice")
+        response = await engine.retrieve("green tea", "alice")
+    finally:
+        await engine.close()
+    assert provider.interactive == [["green tea"]]
+    assert texts(response) == ["green tea every morning"]
+    assert response.results[0].semantic_relevance is not None
 
 
 async def test_min_score_is_an_inclusive_floor_on_semantic_relevance(engine: MemoryEngine) -> None:

@@ -4,13 +4,14 @@ Query and document entries are kept apart when the wrapped provider has its own
 ``embed_query``; otherwise queries are encoded as documents and share their entries.
 Nothing is admitted until the whole response passed validation, failed calls store
 nothing, and callers get their own copies of the vectors. Concurrent queries that miss
-the cache are encoded as one batch (``coalescing.Coalescer``).
+the cache are encoded as one batch (``coalescing.Coalescer``), on the wrapped provider's
+``embed_interactive`` when it has one.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -54,7 +55,7 @@ class CachedEmbeddingProvider:
         self._entries: OrderedDict[tuple[Task, str], tuple[float, ...]] = OrderedDict()
         self._hits = 0
         self._misses = 0
-        self._queries = Coalescer(self._embed_documents)
+        self._queries = Coalescer(self._embed_queries)
         """Concurrent queries missing from the cache, encoded as documents together."""
 
     def __getstate__(self) -> dict[str, Any]:
@@ -65,7 +66,7 @@ class CachedEmbeddingProvider:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._queries = Coalescer(self._embed_documents)
+        self._queries = Coalescer(self._embed_queries)
 
     @property
     def provider(self) -> Any:
@@ -129,7 +130,16 @@ class CachedEmbeddingProvider:
         self._admit(("query", text), vector)
         return vector
 
-    async def _embed_documents(self, texts: list[str]) -> list[list[float]]:
+    async def _embed_queries(self, texts: list[str]) -> list[list[float]]:
+        """Queries encoded as documents: on the wrapped provider's ``embed_interactive``
+        when it has one (the same vectors, so the entries are shared)."""
+        return await self._embed_documents(
+            texts, getattr(self._provider, "embed_interactive", None)
+        )
+
+    async def _embed_documents(
+        self, texts: list[str], encode: Callable[[list[str]], Awaitable[Any]] | None = None
+    ) -> list[list[float]]:
         check_identity_unchanged(self._identity, self._provider)
         found: dict[str, list[float]] = {}
         missing: dict[str, None] = {}
@@ -144,7 +154,7 @@ class CachedEmbeddingProvider:
         if missing:
             self._misses += len(missing)
             fresh = validate_vectors(
-                self._identity, len(missing), await self._provider.embed(list(missing))
+                self._identity, len(missing), await (encode or self._provider.embed)(list(missing))
             )
             check_identity_unchanged(self._identity, self._provider)
             for text, vector in zip(missing, fresh, strict=True):

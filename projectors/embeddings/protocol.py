@@ -32,6 +32,14 @@ class QueryEmbeddingProvider(EmbeddingProvider, Protocol):
     async def embed_query(self, text: str) -> list[float]: ...
 
 
+@runtime_checkable
+class InteractiveEmbeddingProvider(EmbeddingProvider, Protocol):
+    """A provider with a cheaper path for a few texts at a time (queries) that gives the
+    vectors ``embed`` gives, bit for bit (so the two share cache entries)."""
+
+    async def embed_interactive(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
 class EmbeddingIdentity(msgspec.Struct, frozen=True):
     """What a vector space is: vectors of different identities are never compared."""
 
