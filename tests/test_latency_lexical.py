@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 import tantivy
 import uuid_utils
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.stores import lexical
@@ -105,3 +108,20 @@ def test_get_nodes_looks_nodes_up_by_id_and_keeps_owner_and_kind_filters(tmp_pat
 def _schema_without_id_columns() -> tantivy.Schema:
     """The lexical schema as it was before the id fast fields."""
     return lexical._document_fields().build()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.uuids())
+def test_an_id_read_back_from_its_fast_fields_is_the_canonical_uuid(value: uuid.UUID) -> None:
+    node_id = f"mem:{value}"
+    columns = lexical._id_columns(node_id)
+    assert lexical._node_id_of(columns["node_id_high"], columns["node_id_low"]) == node_id
+
+
+@pytest.mark.parametrize(
+    "value", ["00000000-0000-0000-0000-000000000000", "ffffffff-ffff-ffff-ffff-ffffffffffff"]
+)
+def test_the_extreme_ids_survive_the_signed_halves(value: str) -> None:
+    columns = lexical._id_columns(f"mem:{value}")
+    assert lexical._node_id_of(columns["node_id_high"], columns["node_id_low"]) == f"mem:{value}"
+    assert lexical._node_id_of(None, 1) is None

@@ -56,6 +56,7 @@ _SEARCH_FIELDS: Final = ["text", "context", "speaker"]
 _ID_HIGH: Final = "node_id_high"
 _ID_LOW: Final = "node_id_low"
 _NODE_PREFIX: Final = "mem:"
+_U64: Final = (1 << 64) - 1
 _TERM = re.compile(r"[^\W_]+")
 _STATES: Final[dict[type, NodeState]] = {
     records.NodeArchived: "archived",
@@ -118,9 +119,12 @@ def _signed(value: int) -> int:
 
 
 def _node_id_of(high: object, low: object) -> str | None:
+    """``mem:<uuid>`` from its two signed halves, formatted as ``str(uuid.UUID)`` does
+    (without building one: a search formats up to ``limit`` of them)."""
     if not isinstance(high, int) or not isinstance(low, int):
         return None
-    return _NODE_PREFIX + str(uuid.UUID(int=((high % (1 << 64)) << 64) | (low % (1 << 64))))
+    h = f"{high & _U64:016x}{low & _U64:016x}"
+    return f"{_NODE_PREFIX}{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _open_index(schema: tantivy.Schema, index_dir: Path) -> tuple[tantivy.Index, bool]:
