@@ -250,3 +250,19 @@ async def test_equal_thread_counts_share_one_session(default_model_dir: Path) ->
     await provider.embed_interactive(["hello"])
     assert provider._loaded_for_queries() is provider._loaded()
     assert provider._query_model is None
+
+
+@pytest.mark.model
+async def test_a_subclass_document_recipe_still_encodes_its_queries(
+    default_model_dir: Path,
+) -> None:
+    class Prefixed(FastEmbedProvider):
+        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            return await super().embed(["passage: " + text for text in texts])
+
+    provider = Prefixed(model_path=default_model_dir)
+    [expected] = await provider.embed(["when is the deployment"])
+    assert await provider.embed_interactive(["when is the deployment"]) == [expected]
+    assert await CachedEmbeddingProvider(provider).embed_query("when is the deployment") == expected
+    plain = FastEmbedProvider(model_path=default_model_dir)
+    assert (await plain.embed(["when is the deployment"]))[0] != expected

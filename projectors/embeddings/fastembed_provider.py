@@ -139,7 +139,14 @@ class FastEmbedProvider:
 
     async def embed_interactive(self, texts: Sequence[str]) -> list[list[float]]:
         """The vectors :meth:`embed` gives, bit for bit, encoded on the query session
-        (``query_threads`` ONNX threads): for the few texts a query asks at a time."""
+        (``query_threads`` ONNX threads): for the few texts a query asks at a time. A
+        subclass that overrides ``embed`` or ``encode_sync`` (its own document recipe) is
+        answered by its ``embed``, so queries never bypass that recipe."""
+        cls = type(self)
+        if cls.embed is not FastEmbedProvider.embed or (
+            cls.encode_sync is not FastEmbedProvider.encode_sync
+        ):
+            return await self.embed(texts)
         batch = check_texts(texts)
         if not batch:
             return []
