@@ -590,8 +590,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from prme.schemas.errors import ConfigurationError
+
     args = build_parser().parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except ConfigurationError as error:  # bad PRME_* settings, before anything started
+        print(f"prme {args.command}: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,11 +6,13 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from .errors import ConfigurationError
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class LogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -42,11 +44,11 @@ class LogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str = "sentence-transformers/all-MiniLM-L6-v2"
     dimension: int | None = None
-    batch_size: int = 32
-    cache_entries: int = 10_000
-    threads: int | None = None
+    batch_size: PositiveInt = 32
+    cache_entries: PositiveInt = 10_000
+    threads: PositiveInt | None = None
     """ONNX threads for documents (projection); ``None``: onnxruntime's choice, every core."""
-    query_threads: int | None = 1
+    query_threads: PositiveInt | None = 1
     """ONNX threads for queries, on a second session of the same model: a query is a few
     texts, for which an intra-op pool spends about twice the CPU for ~15 % less latency."""
 

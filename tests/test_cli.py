@@ -153,3 +153,22 @@ async def test_audit_shows_an_erased_owners_records_as_envelopes(tmp_path: Path)
         assert "content" not in record and "metadata" not in record
         assert {"event_id", "session_id", "scope", "recorded_at"} <= set(record)
     assert [r["record"]["content"] for r in audit("bob", data)] == ["bob's"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "where"),
+    [
+        ("PRME_EMBEDDING__QUERY_THREADS", "0", "$.embedding.query_threads"),
+        ("PRME_EMBEDDING__BATCH_SIZE", "-3", "$.embedding.batch_size"),
+        ("PRME_SCORING__FUSION", "bogus", "$.scoring.fusion"),
+    ],
+)
+def test_bad_settings_are_one_line_and_write_nothing(
+    tmp_path: Path, variable: str, value: str, where: str
+) -> None:
+    data = tmp_path / "data"
+    result = prme("serve", "--data-dir", str(data), "--port", "0", env={variable: value})
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("prme serve: invalid settings: ") and line.endswith(f"`{where}`")
+    assert not data.exists()
