@@ -17,7 +17,11 @@ if TYPE_CHECKING:
     from prme.producers.producer import MessageDraft
     from prme.producers.transport import Position
     from prme.projectors.embeddings.cached import CachedEmbeddingProvider
-    from prme.projectors.embeddings.protocol import EmbeddingProvider, QueryEmbeddingProvider
+    from prme.projectors.embeddings.protocol import (
+        EmbeddingProvider,
+        InteractiveEmbeddingProvider,
+        QueryEmbeddingProvider,
+    )
     from prme.query.client import AsyncMemoryClient
     from prme.query.engine import MemoryEngine
     from prme.query.sync_client import MemoryClient
@@ -31,6 +35,7 @@ _WHERE = {
     "Bundle": "prme.query.types",
     "CachedEmbeddingProvider": "prme.projectors.embeddings.cached",
     "EmbeddingProvider": "prme.projectors.embeddings.protocol",
+    "InteractiveEmbeddingProvider": "prme.projectors.embeddings.protocol",
     "MemoryClient": "prme.query.sync_client",
     "MemoryEngine": "prme.query.engine",
     "MemoryResult": "prme.query.types",
@@ -48,6 +53,7 @@ __all__ = [
     "Bundle",
     "CachedEmbeddingProvider",
     "EmbeddingProvider",
+    "InteractiveEmbeddingProvider",
     "MemoryClient",
     "MemoryEngine",
     "MemoryResult",

@@ -49,8 +49,9 @@ class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     threads: PositiveInt | None = None
     """ONNX threads for documents (projection); ``None``: onnxruntime's choice, every core."""
     query_threads: PositiveInt | None = 1
-    """ONNX threads for queries, on a second session of the same model: a query is a few
-    texts, for which an intra-op pool spends about twice the CPU for ~15 % less latency."""
+    """ONNX threads for queries, on a second session of the same model (``None``: queries
+    share the documents' session): a query is a few texts, for which an intra-op pool
+    spends about twice the CPU for ~15 % less latency."""
 
 
 class ScoringSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from prme.projectors.embeddings.protocol import EmbeddingProvider, QueryEmbeddingProvider
+from prme.projectors.embeddings.protocol import (
+    EmbeddingProvider,
+    InteractiveEmbeddingProvider,
+    QueryEmbeddingProvider,
+)
 from prme.projectors.embeddings.validation import identity_of
 
 TEXTS = ["Aurora ships on Friday.", "The blue door is the back entrance.", "Tea at four."]
@@ -54,3 +58,12 @@ class EmbeddingProviderContract:
             return
         vector = await provider.embed_query(TEXTS[0])
         assert len(vector) == provider.dimension
+
+    async def test_the_interactive_path_gives_the_document_vectors_bit_for_bit(
+        self, provider: EmbeddingProvider
+    ) -> None:
+        if not isinstance(provider, InteractiveEmbeddingProvider):
+            return
+        assert await provider.embed_interactive(TEXTS) == await provider.embed(TEXTS)
+        assert await provider.embed_interactive([TEXTS[1]]) == await provider.embed([TEXTS[1]])
+        assert await provider.embed_interactive([]) == []

@@ -8,6 +8,7 @@ import pickle
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -232,24 +233,43 @@ def _session_threads(model: object) -> int:
 async def test_queries_use_a_one_thread_session_that_gives_the_same_vectors_bit_for_bit(
     default_model_dir: Path,
 ) -> None:
-    provider = FastEmbedProvider(model_path=default_model_dir, threads=2)
-    documents = await provider.embed(CHAT)
+    loads: list[tuple[int | None, int]] = []
+
+    class Spied(FastEmbedProvider):
+        def _load(self, threads: int | None) -> Any:
+            loads.append((threads, threading.get_ident()))
+            return super()._load(threads)
+
+    provider = Spied(model_path=default_model_dir, threads=2)
     queries = await provider.embed_interactive(CHAT)
+    assert provider._query_model is not None and provider._model is None
+    assert [threads for threads, _ in loads] == [1]
+    assert loads[0][1] != threading.get_ident()  # loaded on a worker, not the event loop
+    documents = await provider.embed(CHAT)
     alone = [(await provider.embed_interactive([text]))[0] for text in CHAT]
     assert queries == documents == alone
-    assert _session_threads(provider._loaded_for_queries()) == 1
+    assert [threads for threads, _ in loads] == [1, 2]
+    assert _session_threads(provider._query_model) == 1
     assert _session_threads(provider._loaded()) == 2
-    copy = pickle.loads(pickle.dumps(provider))  # sessions stay behind; a copy loads its own
+    loaded = FastEmbedProvider(model_path=default_model_dir, threads=2)
+    await loaded.embed_interactive(CHAT[:1])
+    await loaded.embed(CHAT[:1])
+    copy = pickle.loads(pickle.dumps(loaded))  # sessions stay behind; a copy loads its own
     assert copy._model is None and copy._query_model is None
     assert await copy.embed_interactive(CHAT[:2]) == documents[:2]
 
 
 @pytest.mark.model
-async def test_equal_thread_counts_share_one_session(default_model_dir: Path) -> None:
-    provider = FastEmbedProvider(model_path=default_model_dir, threads=1, query_threads=1)
+@pytest.mark.parametrize(("threads", "query_threads"), [(1, 1), (2, None), (None, None)])
+async def test_equal_thread_counts_or_none_share_one_session(
+    default_model_dir: Path, threads: int | None, query_threads: int | None
+) -> None:
+    provider = FastEmbedProvider(
+        model_path=default_model_dir, threads=threads, query_threads=query_threads
+    )
     await provider.embed_interactive(["hello"])
+    assert provider._model is not None and provider._query_model is None
     assert provider._loaded_for_queries() is provider._loaded()
-    assert provider._query_model is None
 
 
 @pytest.mark.model
@@ -260,9 +280,18 @@ async def test_a_subclass_document_recipe_still_encodes_its_queries(
         async def embed(self, texts: Sequence[str]) -> list[list[float]]:
             return await super().embed(["passage: " + text for text in texts])
 
-    provider = Prefixed(model_path=default_model_dir)
-    [expected] = await provider.embed(["when is the deployment"])
-    assert await provider.embed_interactive(["when is the deployment"]) == [expected]
-    assert await CachedEmbeddingProvider(provider).embed_query("when is the deployment") == expected
+    class PrefixedSync(FastEmbedProvider):
+        def encode_sync(self, texts: Sequence[str]) -> list[list[float]]:
+            return super().encode_sync(["passage: " + text for text in texts])
+
     plain = FastEmbedProvider(model_path=default_model_dir)
-    assert (await plain.embed(["when is the deployment"]))[0] != expected
+    [unprefixed] = await plain.embed(["when is the deployment"])
+    for provider in (
+        Prefixed(model_path=default_model_dir),
+        PrefixedSync(model_path=default_model_dir),
+    ):
+        [expected] = await provider.embed(["when is the deployment"])
+        assert expected != unprefixed
+        assert await provider.embed_interactive(["when is the deployment"]) == [expected]
+        cached = CachedEmbeddingProvider(provider)
+        assert await cached.embed_query("when is the deployment") == expected

@@ -5,6 +5,7 @@ from prme.projectors.embeddings.fastembed_provider import DEFAULT_MODEL_NAME, Fa
 from prme.projectors.embeddings.protocol import (
     EmbeddingIdentity,
     EmbeddingProvider,
+    InteractiveEmbeddingProvider,
     QueryEmbeddingProvider,
 )
 
@@ -14,5 +15,6 @@ __all__ = [
     "EmbeddingIdentity",
     "EmbeddingProvider",
     "FastEmbedProvider",
+    "InteractiveEmbeddingProvider",
     "QueryEmbeddingProvider",
 ]

@@ -6,7 +6,7 @@ longest text, and the results are returned in input order.
 
 Queries go through :meth:`FastEmbedProvider.embed_interactive`: the same model and the same
 vectors, bit for bit, from a second session with ``query_threads`` ONNX threads (one by
-default). A query is a few texts, and onnxruntime's intra-op pool spins its threads between
+default; ``None``: the documents' session). A query is a few texts, and onnxruntime's intra-op pool spins its threads between
 operators: for one short query two threads cost about twice the CPU of one for ~15 % less
 wall time, CPU that a serving process's event loop and its other queries need.
 """
@@ -111,7 +111,7 @@ class FastEmbedProvider:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"_query_threads": 1, "_query_model": None, **state})
         self._load_lock = threading.Lock()
 
     @property
@@ -143,14 +143,17 @@ class FastEmbedProvider:
         subclass that overrides ``embed`` or ``encode_sync`` (its own document recipe) is
         answered by its ``embed``, so queries never bypass that recipe."""
         cls = type(self)
-        if cls.embed is not FastEmbedProvider.embed or (
-            cls.encode_sync is not FastEmbedProvider.encode_sync
+        if (
+            cls.embed is not FastEmbedProvider.embed
+            or cls.encode_sync is not FastEmbedProvider.encode_sync
+            or "embed" in self.__dict__
+            or "encode_sync" in self.__dict__
         ):
             return await self.embed(texts)
         batch = check_texts(texts)
         if not batch:
             return []
-        return await asyncio.to_thread(self._encode, self._loaded_for_queries(), batch)
+        return await asyncio.to_thread(self._encode_queries_sync, batch)
 
     def encode_sync(self, texts: Sequence[str]) -> list[list[float]]:
         """The blocking encoder behind ``embed``: sort by length, encode in batches of
@@ -159,6 +162,11 @@ class FastEmbedProvider:
         if not batch:
             return []
         return self._encode(self._loaded(), batch)
+
+    def _encode_queries_sync(self, batch: list[str]) -> list[list[float]]:
+        """On a worker thread: loading the query session (a first query) may assemble the
+        model and takes the load lock, neither of which belongs on the event loop."""
+        return self._encode(self._loaded_for_queries(), batch)
 
     def _encode(self, model: TextEmbedding, batch: list[str]) -> list[list[float]]:
         order = sorted(range(len(batch)), key=lambda index: len(batch[index]))
@@ -175,9 +183,9 @@ class FastEmbedProvider:
             return self._model
 
     def _loaded_for_queries(self) -> TextEmbedding:
-        """The query session: the document session itself when both ask for the same
-        threads, else a second one, loaded on the first query."""
-        if self._query_threads == self._threads:
+        """The query session: the document session itself when ``query_threads`` is
+        ``None`` or equal to ``threads``, else a second one, loaded on the first query."""
+        if self._query_threads is None or self._query_threads == self._threads:
             return self._loaded()
         with self._load_lock:
             if self._query_model is None:

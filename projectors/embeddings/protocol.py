@@ -35,7 +35,8 @@ class QueryEmbeddingProvider(EmbeddingProvider, Protocol):
 @runtime_checkable
 class InteractiveEmbeddingProvider(EmbeddingProvider, Protocol):
     """A provider with a cheaper path for a few texts at a time (queries) that gives the
-    vectors ``embed`` gives, bit for bit (so the two share cache entries)."""
+    vectors ``embed`` gives, bit for bit (so the two share cache entries). Document-recipe
+    queries (a provider without ``embed_query``) go through it when it is there."""
 
     async def embed_interactive(self, texts: Sequence[str]) -> list[list[float]]: ...
 
