@@ -6,9 +6,10 @@ longest text, and the results are returned in input order.
 
 Queries go through :meth:`FastEmbedProvider.embed_interactive`: the same model and the same
 vectors, bit for bit, from a second session with ``query_threads`` ONNX threads (one by
-default; ``None``: the documents' session). A query is a few texts, and onnxruntime's intra-op pool spins its threads between
-operators: for one short query two threads cost about twice the CPU of one for ~15 % less
-wall time, CPU that a serving process's event loop and its other queries need.
+default; ``None``: the documents' session). A query is a few texts, and onnxruntime's
+intra-op pool spins its threads between operators: for one short query two threads cost
+about twice the CPU of one for ~15 % less wall time, CPU that a serving process's event
+loop and its other queries need.
 """
 
 from __future__ import annotations
