@@ -141,23 +141,15 @@ def _models_pull(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from prme.logs import configure
     from prme.query.serve import run_server
-    from prme.schemas.errors import ConfigurationError
 
     configure(args.log_format, getattr(logging, args.log_level.upper()), "prme serve")
     settings = _serve_settings(args)
     if args.processes > 1:
         from prme.query.processes import serve_processes
 
-        try:
-            return serve_processes(settings, args.processes, _child_options(args))
-        except ConfigurationError as error:
-            print(f"prme serve: {error}", file=sys.stderr)
-            return 2
+        return serve_processes(settings, args.processes, _child_options(args))
     try:
         asyncio.run(run_server(settings, log_level=args.log_level, sockets=_inherited(args)))
-    except ConfigurationError as error:
-        print(f"prme serve: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 0
     return 0
@@ -595,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except ConfigurationError as error:  # bad PRME_* settings, before anything started
+    except ConfigurationError as error:  # bad settings, a held data dir: one line, no traceback
         print(f"prme {args.command}: {error}", file=sys.stderr)
         return 2
 

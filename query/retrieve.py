@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import uuid_utils
 
+from prme.projectors.embeddings.protocol import document_query_encoder
 from prme.projectors.runner import ProjectorRunner
 from prme.projectors.shard import Shard
 from prme.schemas.config import QuerySettings, Settings
@@ -228,9 +229,8 @@ class Retriever:
         try:
             if embed_query is not None:
                 vector = list(await embed_query(query))
-            else:  # the document recipe, on the provider's path for a few texts if it has one
-                encode = getattr(provider, "embed_interactive", None) or provider.embed
-                vector = list((await encode([query]))[0])
+            else:
+                vector = list((await document_query_encoder(provider)([query]))[0])
         except Exception as error:
             return _Embedded(
                 None,

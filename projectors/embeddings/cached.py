@@ -19,7 +19,7 @@ import msgspec
 from prme.schemas.errors import InvalidEmbedding
 
 from .coalescing import Coalescer
-from .protocol import EmbeddingIdentity
+from .protocol import EmbeddingIdentity, document_query_encoder
 from .validation import (
     check_identity_unchanged,
     check_texts,
@@ -133,12 +133,12 @@ class CachedEmbeddingProvider:
     async def _embed_queries(self, texts: list[str]) -> list[list[float]]:
         """Queries encoded as documents: on the wrapped provider's ``embed_interactive``
         when it has one (the same vectors, so the entries are shared)."""
-        return await self._embed_documents(
-            texts, getattr(self._provider, "embed_interactive", None)
-        )
+        return await self._embed_documents(texts, document_query_encoder(self._provider))
 
     async def _embed_documents(
-        self, texts: list[str], encode: Callable[[list[str]], Awaitable[Any]] | None = None
+        self,
+        texts: list[str],
+        encode: Callable[[Sequence[str]], Awaitable[list[list[float]]]] | None = None,
     ) -> list[list[float]]:
         check_identity_unchanged(self._identity, self._provider)
         found: dict[str, list[float]] = {}

@@ -69,13 +69,10 @@ class FastEmbedProvider:
             isinstance(dimension, bool) or not isinstance(dimension, int) or dimension <= 0
         ):
             raise InvalidEmbedding(f"dimension must be a positive int, got {dimension!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise InvalidEmbedding(f"batch_size must be a positive int, got {batch_size!r}")
+        _check_positive("batch_size", batch_size)
         for name, value in (("threads", threads), ("query_threads", query_threads)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value <= 0
-            ):
-                raise InvalidEmbedding(f"{name} must be a positive int or None, got {value!r}")
+            if value is not None:
+                _check_positive(name, value, " or None")
         description = registered_model(model_name)
         if description is None:
             if dimension is None:
@@ -227,6 +224,11 @@ class FastEmbedProvider:
         if self._is_default and digest == ONNX_SHA256:
             return default_version
         return f"onnx:{digest[:12]}:{recipe}:fastembed-{fastembed.__version__}"
+
+
+def _check_positive(name: str, value: object, alternative: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidEmbedding(f"{name} must be a positive int{alternative}, got {value!r}")
 
 
 def _sha256_file(path: Path) -> str:

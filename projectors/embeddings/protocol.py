@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -39,6 +39,15 @@ class InteractiveEmbeddingProvider(EmbeddingProvider, Protocol):
     queries (a provider without ``embed_query``) go through it when it is there."""
 
     async def embed_interactive(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+def document_query_encoder(
+    provider: EmbeddingProvider,
+) -> Callable[[Sequence[str]], Awaitable[list[list[float]]]]:
+    """What encodes queries with the document recipe (a provider without ``embed_query``):
+    its ``embed_interactive`` when it has one, else ``embed``."""
+    interactive = getattr(provider, "embed_interactive", None)
+    return interactive if callable(interactive) else provider.embed
 
 
 class EmbeddingIdentity(msgspec.Struct, frozen=True):
