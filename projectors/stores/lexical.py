@@ -4,7 +4,8 @@ Each message node is indexed as a document with its own text (``text``), the tex
 neighbours in the same (owner, session, scope) (``context``, see :mod:`.lexical_windows`)
 and its speaker (``speaker``). A query searches the three fields with boosts
 (``text_boost``, ``context_boost`` and ``speaker_boost`` of :class:`LexicalSettings`); owner,
-scope and state are zero-score filter clauses inside the Tantivy query.
+scope and state are zero-score filter clauses inside the Tantivy query, except where the
+owner holds nearly the whole index (see :meth:`LexicalModel.search`).
 
 Durability: the sidecar commits first, then the index commits the documents together with
 a tracking document holding the batch's last offset. After a crash between the two the
@@ -58,6 +59,14 @@ _ID_LOW: Final = "node_id_low"
 _NODE_PREFIX: Final = "mem:"
 _U64: Final = (1 << 64) - 1
 _TERM = re.compile(r"[^\W_]+")
+_ANALYZER: Final = (
+    tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+    .filter(tantivy.Filter.remove_long(40))
+    .filter(tantivy.Filter.lowercase())
+    .filter(tantivy.Filter.stemmer("english"))
+    .build()
+)
+"""Tantivy's ``en_stem``, the search fields' tokenizer, as the query parser applies it."""
 _STATES: Final[dict[type, NodeState]] = {
     records.NodeArchived: "archived",
     records.NodeRestored: "active",
@@ -125,6 +134,54 @@ def _node_id_of(high: object, low: object) -> str | None:
         return None
     h = f"{high & _U64:016x}{low & _U64:016x}"
     return f"{_NODE_PREFIX}{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _filter_clause(schema: tantivy.Schema, field: str, value: str) -> tantivy.Query:
+    return Query.const_score_query(Query.term_query(schema, field, value), 0.0)
+
+
+def _address_key(address: tantivy.DocAddress) -> tuple[int, int]:
+    return (address.segment_ord, address.doc)
+
+
+def _excluded(
+    searcher: tantivy.Searcher,
+    schema: tantivy.Schema,
+    owner: str,
+    include_inactive: bool,
+    limit: int,
+) -> set[tuple[int, int]] | None:
+    """Every document of ``searcher`` that the owner and state filters would drop, when
+    there are at most ``limit`` of them (an owner alone, or nearly, in its partition);
+    else ``None``.
+
+    With them in hand a search runs without filter clauses (which keep Tantivy from pruning
+    with block-max WAND), asks for ``limit`` more hits and drops these: the hits left are
+    exactly the filtered search's, in the same order, since the filters add no score.
+    Every document with text has exactly one owner and one state term, so the documents of
+    the other owners' and states' terms are all that fail; term counts include deleted
+    documents, so their sum bounds the set from above."""
+    if searcher.doc_freq("owner", owner) * 2 < searcher.num_docs:
+        return None
+    others = [
+        ("owner", term, count)
+        for term, count in searcher.terms_with_prefix("owner", "")
+        if term != owner
+    ]
+    if not include_inactive:
+        others.extend(
+            ("state", term, count)
+            for term, count in searcher.terms_with_prefix("state", "")
+            if term != "active"
+        )
+    bound = sum(count for _field, _term, count in others)
+    if bound > limit:
+        return None
+    if bound == 0:
+        return set()
+    clauses = [(Occur.Should, _filter_clause(schema, field, term)) for field, term, _ in others]
+    hits = searcher.search(Query.boolean_query(clauses), bound, count=False).hits
+    return {_address_key(address) for _score, address in hits}
 
 
 def _open_index(schema: tantivy.Schema, index_dir: Path) -> tuple[tantivy.Index, bool]:
@@ -297,21 +354,18 @@ class LexicalModel:
         terms = _TERM.findall(query.lower())[:MAX_QUERY_TERMS]
         if not terms or limit <= 0:
             return []
-        text_query, _errors = self._index.parse_query_lenient(
-            " ".join(terms), default_field_names=_SEARCH_FIELDS, field_boosts=self._boosts
-        )
-        filters = [("owner", owner)]
-        if scope is not None:
-            filters.append(("scope", scope))
-        if not include_inactive:
-            filters.append(("state", "active"))
-        clauses = [(Occur.Must, text_query)]
-        clauses.extend(
-            (Occur.Must, Query.const_score_query(Query.term_query(self._schema, f, v), 0.0))
-            for f, v in filters
-        )
+        text_query = self._text_query(terms)
         searcher = self._index.searcher()
-        hits = searcher.search(Query.boolean_query(clauses), limit, count=False).hits
+        excluded = (
+            _excluded(searcher, self._schema, owner, include_inactive, limit)
+            if scope is None
+            else None
+        )
+        if excluded is None:
+            hits = self._filtered_hits(searcher, text_query, owner, scope, include_inactive, limit)
+        else:
+            found = searcher.search(text_query, limit + len(excluded), count=False).hits
+            hits = [hit for hit in found if _address_key(hit[1]) not in excluded][:limit]
         addresses = [address for _score, address in hits]
         if self._fast_ids and addresses:
             highs = searcher.fast_field_values(_ID_HIGH, addresses)
@@ -325,6 +379,56 @@ class LexicalModel:
             )
             for (score, address), high, low in zip(hits, highs, lows, strict=True)
         ]
+
+    def _text_query(self, terms: list[str]) -> tantivy.Query:
+        """The words as one flat disjunction of (field, term) clauses, each word once.
+
+        Scores equal the query parser's (which nests a disjunction over the fields inside
+        one per word, and drops a repeated word but not two words of one stem) up to float
+        rounding, and a flat union of
+        term queries is what Tantivy's block-max WAND prunes: a query of common words over
+        100k documents stops scoring most of them. A word the analyser splits (which the
+        parser would search as a phrase) keeps the parser's query."""
+        clauses: list[tuple[Occur, tantivy.Query]] = []
+        seen: set[str] = set()
+        for word in terms:
+            tokens = _ANALYZER.analyze(word)
+            if len(tokens) > 1:
+                parsed, _errors = self._index.parse_query_lenient(
+                    " ".join(terms), default_field_names=_SEARCH_FIELDS, field_boosts=self._boosts
+                )
+                return parsed
+            if word in seen:
+                continue
+            seen.add(word)
+            for token in tokens:
+                for field in _SEARCH_FIELDS:
+                    term = Query.term_query(self._schema, field, token)
+                    boost = self._boosts[field]
+                    clauses.append(
+                        (Occur.Should, term if boost == 1.0 else Query.boost_query(term, boost))
+                    )
+        return Query.boolean_query(clauses)
+
+    def _filtered_hits(
+        self,
+        searcher: tantivy.Searcher,
+        text_query: tantivy.Query,
+        owner: str,
+        scope: str | None,
+        include_inactive: bool,
+        limit: int,
+    ) -> list[tuple[float, tantivy.DocAddress]]:
+        """The best ``limit`` hits of ``text_query`` with owner, scope and state as
+        zero-score filter clauses."""
+        filters = [("owner", owner)]
+        if scope is not None:
+            filters.append(("scope", scope))
+        if not include_inactive:
+            filters.append(("state", "active"))
+        clauses = [(Occur.Must, text_query)]
+        clauses.extend((Occur.Must, _filter_clause(self._schema, f, v)) for f, v in filters)
+        return list(searcher.search(Query.boolean_query(clauses), limit, count=False).hits)
 
     def speakers(self, owner: str) -> list[str]:
         """The owner's speakers (a message without a name counts its role), sorted; read
