@@ -9,6 +9,7 @@ import pytest
 from qdrant_edge import EdgeShard
 
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
+from prme.projectors.stores import vector_edge
 from prme.projectors.stores.vector_base import VectorModelBase, point_id
 from prme.projectors.stores.vector_edge import EdgeVectorModel
 from prme.schemas.errors import ShardUnavailable
@@ -19,6 +20,7 @@ from .vector_contract import (
     MakeModel,
     VectorModelContract,
     basis,
+    ids,
     lifecycle,
     message,
     node_of,
@@ -76,3 +78,50 @@ def test_points_carry_the_node_payload(tmp_path: Path) -> None:
         "occurred_at": AT.timestamp(),
     }
     assert stored.vector == pytest.approx([2**-0.5, 2**-0.5] + [0.0] * 6, abs=1e-6)
+
+
+class _CountingShard:
+    """The live EdgeShard, counting the payload reads (``retrieve`` calls) made through it."""
+
+    def __init__(self, shard: EdgeShard) -> None:
+        self.shard = shard
+        self.retrieved: list[int] = []
+
+    def retrieve(self, ids: list[object], **kwargs: object) -> object:
+        self.retrieved.append(len(ids))
+        return self.shard.retrieve(ids, **kwargs)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.shard, name)
+
+
+def test_a_search_reads_a_points_node_id_only_the_first_time_it_returns_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    items = [message(n, basis(1, n / 10), owner="alice") for n in range(6)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply(items)
+        counting = _CountingShard(model._live.shard)
+        monkeypatch.setattr(model._live, "shard", counting)
+        first = model.search(basis(1), "alice", None, 3)
+        assert counting.retrieved == [3]
+        again = model.search(basis(1), "alice", None, 6)
+        assert counting.retrieved == [3, 3]  # only the three it had not returned yet
+        assert model.search(basis(1), "alice", None, 6) == again
+        assert counting.retrieved == [3, 3]
+    assert set(ids(first)) < set(ids(again)) == {node_of(item) for item in items}
+
+
+def test_node_ids_stay_right_when_the_remembered_ids_are_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vector_edge, "NODE_ID_CACHE_POINTS", 4)
+    items = [message(n, basis(1, n / 10), owner="alice") for n in range(8)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply(items)
+        small = model.search(basis(1), "alice", None, 3)
+        everything = model.search(basis(1), "alice", None, 8)  # passes the bound: emptied
+        assert len(model._node_ids) <= 5
+        assert model.search(basis(1), "alice", None, 3) == small
+    assert ids(everything)[:3] == ids(small)
+    assert set(ids(everything)) == {node_of(item) for item in items}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from qdrant_edge import (
     CountRequest,
@@ -68,6 +68,8 @@ if TYPE_CHECKING:
 _CONFIG_FILE = "edge_config.json"
 _TRACKING_ID = uuid.UUID(tracking_point_id("edge"))
 _SCROLL_PAGE = 1000
+NODE_ID_CACHE_POINTS: Final = 200_000
+"""The most node ids a vector store keeps by point id (~190 bytes each)."""
 
 
 def _match(key: str, value: str) -> FieldCondition:
@@ -88,6 +90,7 @@ class EdgeVectorModel(VectorModelBase):
         self._live = LiveShard(path, self._open(path, identity))
         self._closed = False
         self._builder: IndexBuilder | None = None
+        self._node_ids: dict[int, str] = {}
         try:
             remove_leftovers(path)
             self._tracking = self._read_tracking()
@@ -193,18 +196,41 @@ class EdgeVectorModel(VectorModelBase):
         if where.node_ids is not None:
             must.append(HasIdCondition({uuid.UUID(point_id(n)) for n in where.node_ids}))
         request = QueryRequest(
-            limit=limit,
-            query=Query.Nearest(vector),
-            filter=Filter(must=must),
-            with_payload=["node_id"],
+            limit=limit, query=Query.Nearest(vector), filter=Filter(must=must), with_payload=False
         )
         with self._live.lock:
             found = self._shard.query(request)
+            node_ids = self._node_ids_of([cast("uuid.UUID", point.id) for point in found])
         return [
-            VectorHit(node_id=str(point.payload["node_id"]), score=float(point.score))
-            for point in found
-            if point.payload is not None
+            VectorHit(node_id=node_id, score=float(point.score))
+            for point, node_id in zip(found, node_ids, strict=True)
+            if node_id is not None
         ]
+
+    def _node_ids_of(self, point_ids: list[uuid.UUID]) -> list[str | None]:
+        """The node id of each point (``None``: a point without one), read from the points'
+        payload only the first time a search returns them.
+
+        Reading the ``node_id`` payload of 500 hits cost ~4 ms, a third of a one-owner 100k
+        search. A point's id is a hash of its node id, so a remembered id is never stale;
+        the map is emptied when it would pass ``NODE_ID_CACHE_POINTS``."""
+        known = self._node_ids
+        missing = [point for point in point_ids if point.int not in known]
+        if not missing:
+            return [known[point.int] for point in point_ids]
+        records = self._shard.retrieve(
+            cast("list[PointId]", missing), with_payload=["node_id"], with_vector=False
+        )
+        fetched: dict[int, str] = {}
+        for record in records:
+            node_id = (record.payload or {}).get("node_id")
+            if isinstance(node_id, str):
+                fetched[cast("uuid.UUID", record.id).int] = node_id
+        resolved = [known.get(point.int) or fetched.get(point.int) for point in point_ids]
+        if len(known) + len(fetched) > NODE_ID_CACHE_POINTS:
+            known.clear()
+        known.update(fetched)
+        return resolved
 
     def _points(self) -> Iterator[StoredPoint]:
         where = Filter(must_not=[HasIdCondition({_TRACKING_ID})])
