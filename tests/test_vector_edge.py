@@ -9,12 +9,13 @@ import pytest
 from qdrant_edge import EdgeShard
 
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
+from prme.projectors.model import ProjectedRecord
 from prme.projectors.stores import vector_edge
 from prme.projectors.stores.vector_base import VectorModelBase, point_id
 from prme.projectors.stores.vector_edge import EdgeVectorModel
 from prme.schemas.errors import ShardUnavailable
 
-from .record_builders import AT, archived
+from .record_builders import AT, archived, erased
 from .vector_contract import (
     IDENTITY,
     MakeModel,
@@ -125,3 +126,16 @@ def test_node_ids_stay_right_when_the_remembered_ids_are_dropped(
         assert model.search(basis(1), "alice", None, 3) == small
     assert ids(everything)[:3] == ids(small)
     assert set(ids(everything)) == {node_of(item) for item in items}
+
+
+def test_an_erasure_drops_the_remembered_node_ids(tmp_path: Path) -> None:
+    items = [message(n, basis(1, n / 10), owner="alice") for n in range(3)]
+    kept = message(3, basis(1), owner="bob")
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply([*items, kept])
+        model.search(basis(1), "alice", None, 3)
+        assert len(model._node_ids) == 3
+        model.apply([ProjectedRecord(offset=4, record=erased("x4"))])
+        assert model._node_ids == {}
+        assert model.search(basis(1), "alice", None, 3) == []
+        assert ids(model.search(basis(1), "bob", None, 3)) == [node_of(kept)]

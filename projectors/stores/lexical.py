@@ -385,10 +385,10 @@ class LexicalModel:
 
         Scores equal the query parser's (which nests a disjunction over the fields inside
         one per word, and drops a repeated word but not two words of one stem) up to float
-        rounding, and a flat union of
-        term queries is what Tantivy's block-max WAND prunes: a query of common words over
-        100k documents stops scoring most of them. A word the analyser splits (which the
-        parser would search as a phrase) keeps the parser's query."""
+        rounding, and a flat union of term queries is what Tantivy's block-max WAND prunes:
+        a query of common words over 100k documents stops scoring most of them. A word the
+        analyser splits (which the parser would search as a phrase) keeps the parser's
+        query."""
         clauses: list[tuple[Occur, tantivy.Query]] = []
         seen: set[str] = set()
         for word in terms:

@@ -172,6 +172,7 @@ class EdgeVectorModel(VectorModelBase):
             elif isinstance(op, EraseOwner):
                 where = Filter(must=[_match("owner", op.owner)])
                 self._shard.update(UpdateOperation.delete_points_by_filter(where))
+                self._node_ids.clear()  # the process keeps no id of an erased owner
                 if self._builder is not None:
                     self._builder.note_erased(op.owner)
         pending.append(self._tracking_point(tracking))
