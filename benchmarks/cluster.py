@@ -46,6 +46,7 @@ from benchmarks.common import (
     latency_summary,
     machine,
     median,
+    process_tree_cpu_s,
     question,
     ratio,
     scratch_directory,
@@ -129,10 +130,18 @@ async def fill_pack(url: str, memories: int, owners: int, seed: int) -> list[str
 
 
 async def load(
-    url: str, owners: list[str], clients: int, seconds: float, *, routed: bool, seed: int
+    url: str,
+    owners: list[str],
+    clients: int,
+    seconds: float,
+    *,
+    routed: bool,
+    seed: int,
+    server_pid: int,
 ) -> dict[str, Any]:
-    """``clients`` tasks retrieving for ``seconds``: requests/s, latency, and the CPU the
-    load generator spent per request (it shares the cores with the servers)."""
+    """``clients`` tasks retrieving for ``seconds``: requests/s, latency, and the CPU that
+    the servers (``server_pid`` and its children) and the load generator (it shares the
+    cores with them) spent per request and in all."""
     rng = random.Random(seed)
     samples: list[float] = []
     errors = 0
@@ -175,13 +184,19 @@ async def load(
                 await connection.close()
 
     started, cpu_started = time.monotonic(), time.process_time()
+    server_cpu_started = process_tree_cpu_s(server_pid)
     await asyncio.gather(*(client_loop(i) for i in range(clients)))
     elapsed, cpu = time.monotonic() - started, time.process_time() - cpu_started
+    server_cpu = process_tree_cpu_s(server_pid) - server_cpu_started
+    requests = max(1, len(samples) + errors)
     return {
         "requests_per_s": round(len(samples) / elapsed, 1),
         "errors": errors,
         "latency": latency_summary(samples),
-        "load_generator_cpu_ms_per_request": round(1000 * cpu / max(1, len(samples) + errors), 3),
+        "server_cpu_ms_per_request": round(1000 * server_cpu / requests, 3),
+        "server_cores_busy": round(server_cpu / elapsed, 3),
+        "load_generator_cpu_ms_per_request": round(1000 * cpu / requests, 3),
+        "load_generator_cores_busy": round(cpu / elapsed, 3),
     }
 
 
@@ -212,10 +227,24 @@ async def throughput(arguments: argparse.Namespace, work: Path) -> dict[str, Any
             process = start_serve(pack, port, args, env, log)
             try:
                 await wait_ready(url, process, log)
-                await load(url, owners, arguments.clients, 2.0, routed=routed, seed=run)  # warm-up
+                await load(  # warm-up
+                    url,
+                    owners,
+                    arguments.clients,
+                    2.0,
+                    routed=routed,
+                    seed=run,
+                    server_pid=process.pid,
+                )
                 runs[name].append(
                     await load(
-                        url, owners, arguments.clients, arguments.seconds, routed=routed, seed=run
+                        url,
+                        owners,
+                        arguments.clients,
+                        arguments.seconds,
+                        routed=routed,
+                        seed=run,
+                        server_pid=process.pid,
                     )
                 )
             finally:
@@ -228,6 +257,12 @@ async def throughput(arguments: argparse.Namespace, work: Path) -> dict[str, Any
             "p50_ms": median([f["latency"].p50_ms for f in figures]),
             "p95_ms": median([f["latency"].p95_ms for f in figures]),
             "errors": sum(f["errors"] for f in figures),
+            "server_cpu_ms_per_request": median([f["server_cpu_ms_per_request"] for f in figures]),
+            "server_cores_busy": median([f["server_cores_busy"] for f in figures]),
+            "load_generator_cpu_ms_per_request": median(
+                [f["load_generator_cpu_ms_per_request"] for f in figures]
+            ),
+            "load_generator_cores_busy": median([f["load_generator_cores_busy"] for f in figures]),
             "runs": figures,
         }
 
@@ -246,7 +281,20 @@ async def throughput(arguments: argparse.Namespace, work: Path) -> dict[str, Any
         "processes_2_to_1_p95": ratio(
             results["processes_2"]["p95_ms"], results["processes_1"]["p95_ms"]
         ),
+        "processes_2_to_1_ceiling": throughput_ceiling(
+            results["processes_1"], results["processes_2"], os.cpu_count() or 1
+        ),
     }
+
+
+def throughput_ceiling(one: dict[str, Any], two: dict[str, Any], cores: int) -> float | None:
+    """The most ``two`` could serve relative to ``one`` on this machine: every core busy
+    at two's measured CPU per request (servers and load generator together). When one
+    process already keeps most cores busy, a second has little left to add."""
+    cpu_ms = two["server_cpu_ms_per_request"] + two["load_generator_cpu_ms_per_request"]
+    if cpu_ms <= 0:
+        return None
+    return ratio(1000 * cores / cpu_ms, one["requests_per_s"])
 
 
 # -- failover -------------------------------------------------------------------------

@@ -99,6 +99,24 @@ def machine() -> dict[str, Any]:
     }
 
 
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) spent so far by process ``pid`` and its live
+    descendants (Linux ``/proc``); a process that exits meanwhile is skipped."""
+    ticks = 0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()  # from field 3 (state) on
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def emit(report: dict[str, Any], out: Path | None) -> None:
     """Print ``report`` as JSON on stdout, and write it to ``out`` when given."""
     text = json.dumps(report, indent=2, default=msgspec.to_builtins)

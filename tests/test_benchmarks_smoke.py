@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,16 @@ def test_cluster_benchmark_compares_one_and_two_processes(tmp_path: Path) -> Non
     assert set(results) == {"processes_1", "processes_2", "processes_2_one_port"}
     for figures in results.values():
         assert figures["errors"] == 0 and figures["requests_per_s"] > 0
+        # The servers' CPU is read from /proc for the whole process tree: with two
+        # processes the members' work counts too.
+        assert figures["server_cpu_ms_per_request"] > 0 and figures["server_cores_busy"] > 0
+    two = results["processes_2"]
+    whole_request_ms = two["server_cpu_ms_per_request"] + two["load_generator_cpu_ms_per_request"]
+    assert report["processes_2_to_1_ceiling"] == pytest.approx(
+        1000 * (os.cpu_count() or 1) / whole_request_ms / results["processes_1"]["requests_per_s"],
+        rel=0.01,
+        abs=5e-4,
+    )
     assert report["processes_2_to_1_throughput"] == pytest.approx(
         results["processes_2"]["requests_per_s"] / results["processes_1"]["requests_per_s"],
         rel=0.01,
