@@ -49,12 +49,19 @@ class VectorBackend:
     """Opens the vector model of a partition; holds the Qdrant client when there is one."""
 
     def __init__(
-        self, collection: str, client: QdrantClient | None = None, index_threshold: int = 0
+        self,
+        collection: str,
+        client: QdrantClient | None = None,
+        index_threshold: int = 0,
+        *,
+        index_quantization: bool = True,
     ) -> None:
-        """``index_threshold``: edge shards only, see ``QdrantSettings.index_threshold``."""
+        """``index_threshold``, ``index_quantization``: edge shards only, see
+        ``QdrantSettings``."""
         self._collection = collection
         self._client = client
         self._index_threshold = index_threshold
+        self._index_quantization = index_quantization
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VectorBackend:
@@ -62,7 +69,11 @@ class VectorBackend:
         if qdrant.url and qdrant.path:
             raise ConfigurationError("set one of qdrant.url (a server) and qdrant.path, not both")
         if not (qdrant.url or qdrant.path):
-            return cls(qdrant.collection, index_threshold=qdrant.index_threshold)
+            return cls(
+                qdrant.collection,
+                index_threshold=qdrant.index_threshold,
+                index_quantization=qdrant.index_quantization,
+            )
         from qdrant_client import QdrantClient
 
         if qdrant.path:
@@ -87,7 +98,8 @@ class VectorBackend:
         from .stores.vector_edge import EdgeVectorModel
         from .stores.vector_index_build import IndexPolicy
 
-        return EdgeVectorModel(directory, identity, IndexPolicy(self._index_threshold))
+        policy = IndexPolicy(self._index_threshold, quantization=self._index_quantization)
+        return EdgeVectorModel(directory, identity, policy)
 
     def close(self) -> None:
         if self._client is not None:

@@ -112,6 +112,11 @@ class QdrantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     index_threshold: int = 20_000
     """Embedded shards: unindexed points of one shard that start a background HNSW build
     (a child process on a copy, swapped in); once indexed, a quarter of it. 0: never."""
+    index_quantization: bool = True
+    """Embedded shards: an HNSW build also stores int8 codes of the vectors (scalar
+    quantization, in RAM: a quarter of the float vectors' size), which searches walk and
+    then rescore on the float vectors. False: builds from then on store none (a shard
+    built with them keeps them until ``prme rebuild --model vector``)."""
 
 
 class LimitsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

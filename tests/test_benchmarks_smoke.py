@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import (
     cluster,
+    index_quantization,
     ingest_throughput,
     projection,
     rebuild,
@@ -169,6 +170,25 @@ def test_rebuild_benchmark_times_rebuild_and_engine_floors(tmp_path: Path) -> No
         figures["seconds"] / floors["sum"],
         rel=0.01,
         abs=5e-4,  # ratio() rounds to 3 decimals: a small ratio is off by more than 1 %
+    )
+
+
+def test_index_quantization_benchmark_builds_both_indexes_and_compares_them(
+    tmp_path: Path,
+) -> None:
+    report = run(
+        index_quantization.main,
+        tmp_path,
+        *("--memories", "1500", "--index-threshold", "1000", "--rounds", "2", "--queries", "5"),
+    )
+    for side in ("float", "int8"):
+        figures = report["sides"][side]
+        assert figures["build_s"] > 0 and len(figures["rounds"]) == 2
+        [shard] = figures["indexed_shards"].values()  # one owner: one partition, indexed
+        assert shard["points"] == 1500 and shard["indexed"] >= 1500
+        assert 0 < figures["p50_ms"] <= figures["p95_ms"] and figures["vector_p50_ms"] > 0
+    assert report["int8_to_float"]["p50_ms"] == pytest.approx(
+        report["sides"]["int8"]["p50_ms"] / report["sides"]["float"]["p50_ms"], rel=0.01, abs=5e-4
     )
 
 

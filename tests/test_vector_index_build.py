@@ -8,6 +8,8 @@ reference model that never builds, fed the same batches: same search results, sa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
 import random
 import select
@@ -23,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from prme import MemoryEngine
@@ -233,6 +236,63 @@ def test_a_killed_build_leaves_the_shard_as_it_was_and_a_later_build_succeeds(
     status = indexed.index_status()
     assert status is not None and status.indexed >= THRESHOLD
     assert indexed.digest() == reference.digest()
+
+
+@pytest.mark.parametrize("quantization", [True, False])
+def test_a_build_stores_int8_codes_when_the_policy_says_so_and_scores_stay_exact(
+    tmp_path: Path, quantization: bool
+) -> None:
+    indexed = EdgeVectorModel(
+        tmp_path / "p0", IDENTITY, dataclasses.replace(POLICY, quantization=quantization)
+    )
+    reference = EdgeVectorModel(tmp_path / "reference", IDENTITY)
+    try:
+        items = batch(0, THRESHOLD, seed=1)
+        apply(items, indexed, reference)
+        assert indexed.wait_index_idle(WAIT_S)
+        status = indexed.index_status()
+        assert status is not None and status.indexed >= THRESHOLD
+        config = json.loads((tmp_path / "p0" / "edge_config.json").read_text())
+        int8 = {"scalar": {"type": "int8", "quantile": 0.99, "always_ram": True}}
+        assert config.get("quantization_config") == (int8 if quantization else None)
+
+        vectors = {node_of(item): np.asarray(item.vector) for item in items}
+        for query in QUERIES[:5]:
+            found = indexed.search(query, "alice", None, 300)
+            exact = {hit.node_id for hit in reference.search(query, "alice", None, 300)}
+            # Rescored on the float vectors: every score is the exact cosine.
+            for hit in found:
+                vector, wanted = vectors[hit.node_id], np.asarray(query)
+                cosine = vector @ wanted / np.linalg.norm(vector) / np.linalg.norm(wanted)
+                assert hit.score == pytest.approx(cosine, abs=1e-5)
+            assert len({hit.node_id for hit in found} & exact) >= 0.95 * len(exact)
+        assert indexed.digest() == reference.digest()
+    finally:
+        indexed.close()
+        reference.close()
+
+
+def test_on_a_shard_with_int8_codes_an_owner_under_the_scan_threshold_is_scanned_exactly(
+    tmp_path: Path,
+) -> None:
+    # 64 KB of 8-dimension vectors: owners under 2,048 points are scanned, not walked.
+    policy = dataclasses.replace(POLICY, full_scan_threshold_kb=64)
+    indexed = EdgeVectorModel(tmp_path / "p0", IDENTITY, policy)
+    reference = EdgeVectorModel(tmp_path / "reference", IDENTITY)
+    try:
+        apply(batch(0, 900, seed=7, owner="bob"), indexed, reference)
+        apply(batch(900, THRESHOLD, seed=8), indexed, reference)
+        assert indexed.wait_index_idle(WAIT_S)
+        status = indexed.index_status()
+        assert status is not None and status.indexed >= THRESHOLD + 900
+        for query in QUERIES:
+            # Hits, order and scores of the unindexed reference: the codes play no part.
+            assert indexed.search(query, "bob", None, 500) == reference.search(
+                query, "bob", None, 500
+            )
+    finally:
+        indexed.close()
+        reference.close()
 
 
 def test_leftovers_of_a_crash_are_removed_or_undone_on_open(tmp_path: Path) -> None:
