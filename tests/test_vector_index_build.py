@@ -272,29 +272,6 @@ def test_a_build_stores_int8_codes_when_the_policy_says_so_and_scores_stay_exact
         reference.close()
 
 
-def test_on_a_shard_with_int8_codes_an_owner_under_the_scan_threshold_is_scanned_exactly(
-    tmp_path: Path,
-) -> None:
-    # 64 KB of 8-dimension vectors: owners under 2,048 points are scanned, not walked.
-    policy = dataclasses.replace(POLICY, full_scan_threshold_kb=64)
-    indexed = EdgeVectorModel(tmp_path / "p0", IDENTITY, policy)
-    reference = EdgeVectorModel(tmp_path / "reference", IDENTITY)
-    try:
-        apply(batch(0, 900, seed=7, owner="bob"), indexed, reference)
-        apply(batch(900, THRESHOLD, seed=8), indexed, reference)
-        assert indexed.wait_index_idle(WAIT_S)
-        status = indexed.index_status()
-        assert status is not None and status.indexed >= THRESHOLD + 900
-        for query in QUERIES:
-            # Hits, order and scores of the unindexed reference: the codes play no part.
-            assert indexed.search(query, "bob", None, 500) == reference.search(
-                query, "bob", None, 500
-            )
-    finally:
-        indexed.close()
-        reference.close()
-
-
 def test_leftovers_of_a_crash_are_removed_or_undone_on_open(tmp_path: Path) -> None:
     live = tmp_path / "p0"
     with EdgeVectorModel(live, IDENTITY, POLICY) as model:

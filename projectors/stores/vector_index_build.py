@@ -15,11 +15,11 @@ Points written after a build land in the shard's appendable segment, which every
 scans exactly, so they are found at once; they are indexed by a later build.
 
 With :attr:`IndexPolicy.quantization` the build also stores int8 codes of the vectors
-(scalar quantization): the graph is built and walked on the codes, and a search rescores
-its candidates on the float vectors (``vector_edge.graph_search``); an owner small enough
-to be scanned is scanned on the float vectors, exactly as without codes. At 100k points of
-one owner the build took 34 s instead of 112 s, and a 500-hit search 5.5 ms instead of
-7.6 ms p50, agreeing with an exact scan as often as the float graph did.
+(scalar quantization): the graph is built and walked on the codes (and a small owner's
+points scanned on them), and a search rescores its candidates on the float vectors
+(``vector_edge.quantized_search``). At 100k points of one owner the build took 34 s
+instead of 112 s, and a 500-hit search 5.5 ms instead of 7.6 ms p50, agreeing with an
+exact scan as often as the float graph did.
 
 Crashes: a killed child or process leaves the live directory as it was, plus a stale
 build directory that the next open removes (:func:`recover`); a crash between the two
@@ -111,27 +111,6 @@ class LiveShard:
         self.path = path
         self.shard = shard
         self.lock = threading.RLock()
-        self.has_codes = has_int8_codes(path)
-        """A build stored int8 codes with the shard's index."""
-
-    def reload(self) -> None:
-        """Open the shard at ``path`` again (the old one is closed): a build was swapped in."""
-        self.shard = EdgeShard.load(str(self.path))
-        self.has_codes = has_int8_codes(self.path)
-
-
-def has_int8_codes(path: Path) -> bool:
-    """Whether the shard at ``path`` was built with quantized vectors."""
-    config = path / _CONFIG_FILE
-    if not config.exists():
-        return False
-    return json.loads(config.read_text()).get("quantization_config") is not None
-
-
-def plain_scan_points(policy: IndexPolicy, dimension: int) -> int:
-    """How many vectors a filter may match for Qdrant to scan them rather than walk the
-    graph (``full_scan_threshold`` is in KB of float32 vectors)."""
-    return policy.full_scan_threshold_kb * 1024 // (4 * dimension)
 
 
 class _Journal:
@@ -312,7 +291,7 @@ class IndexBuilder:
         try:
             swap_directories(self._live.path, copy)
         finally:
-            self._live.reload()
+            self._live.shard = EdgeShard.load(str(self._live.path))
         shutil.rmtree(retired_directory(self._live.path), ignore_errors=True)
 
 
