@@ -282,7 +282,7 @@ async def throughput(arguments: argparse.Namespace, work: Path) -> dict[str, Any
             results["processes_2"]["p95_ms"], results["processes_1"]["p95_ms"]
         ),
         "processes_2_to_1_ceiling": throughput_ceiling(
-            results["processes_1"], results["processes_2"], os.cpu_count() or 1
+            results["processes_1"], results["processes_2"], len(os.sched_getaffinity(0))
         ),
     }
 

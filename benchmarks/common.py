@@ -100,8 +100,9 @@ def machine() -> dict[str, Any]:
 
 
 def process_tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) spent so far by process ``pid`` and its live
-    descendants (Linux ``/proc``); a process that exits meanwhile is skipped."""
+    """CPU seconds (user + system) spent so far by process ``pid`` and its descendants
+    (Linux ``/proc``): the live ones' own, and the reaped ones' as their parents' children
+    time; one that exits between two reads is skipped."""
     ticks = 0
     pending = [pid]
     while pending:
@@ -109,7 +110,7 @@ def process_tree_cpu_s(pid: int) -> float:
         try:
             stat = Path(f"/proc/{current}/stat").read_text()
             fields = stat.rsplit(")", 1)[1].split()  # from field 3 (state) on
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            ticks += sum(int(field) for field in fields[11:15])  # utime stime cutime cstime
             for task in Path(f"/proc/{current}/task").iterdir():
                 pending += [int(child) for child in (task / "children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError):

@@ -115,8 +115,9 @@ class QdrantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     index_quantization: bool = True
     """Embedded shards: an HNSW build also stores int8 codes of the vectors (scalar
     quantization, in RAM: a quarter of the float vectors' size), which searches walk and
-    then rescore on the float vectors. False: builds from then on store none (a shard
-    built with them keeps them until ``prme rebuild --model vector``)."""
+    then rescore on the float vectors. False: searches read the float vectors only, and
+    new shards' builds store no codes (a shard that has them keeps storing them, since
+    qdrant-edge keeps a shard's quantization, until ``prme rebuild --model vector``)."""
 
 
 class LimitsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -31,7 +31,7 @@ import pytest
 from prme import MemoryEngine
 from prme.producers.producer import MessageDraft
 from prme.projectors.model import ProjectedRecord
-from prme.projectors.stores import vector_index_build
+from prme.projectors.stores import vector_edge, vector_index_build
 from prme.projectors.stores.vector_base import VectorHit
 from prme.projectors.stores.vector_edge import EdgeVectorModel
 from prme.projectors.stores.vector_index_build import IndexBuilder, IndexPolicy
@@ -272,6 +272,38 @@ def test_a_build_stores_int8_codes_when_the_policy_says_so_and_scores_stay_exact
         reference.close()
 
 
+def test_with_quantization_off_a_shard_that_has_codes_is_searched_on_its_floats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    indexed = EdgeVectorModel(tmp_path / "p0", IDENTITY, POLICY)
+    reference = EdgeVectorModel(tmp_path / "reference", IDENTITY)
+    try:
+        apply(batch(0, THRESHOLD, seed=1), indexed, reference)
+        assert indexed.wait_index_idle(WAIT_S)
+    finally:
+        indexed.close()
+    requests: list[Any] = []
+    query_request = vector_edge.QueryRequest
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        requests.append(kwargs)
+        return query_request(*args, **kwargs)
+
+    monkeypatch.setattr(vector_edge, "QueryRequest", noted)
+    off = dataclasses.replace(POLICY, quantization=False)
+    reopened = EdgeVectorModel(tmp_path / "p0", IDENTITY, off)
+    try:
+        config = json.loads((tmp_path / "p0" / "edge_config.json").read_text())
+        assert config["quantization_config"]["scalar"]["type"] == "int8"  # kept on disk
+        expected = searches(reference)
+        requests.clear()
+        assert searches(reopened) == expected
+        assert requests and all(r["params"].quantization.ignore for r in requests)
+    finally:
+        reopened.close()
+        reference.close()
+
+
 def test_leftovers_of_a_crash_are_removed_or_undone_on_open(tmp_path: Path) -> None:
     live = tmp_path / "p0"
     with EdgeVectorModel(live, IDENTITY, POLICY) as model:
@@ -300,7 +332,7 @@ _BUILDING_PROCESS = textwrap.dedent(
     """
     import subprocess, sys, threading
     from pathlib import Path
-    from prme.projectors.stores import vector_index_build
+    from prme.projectors.stores import vector_edge, vector_index_build
     from prme.projectors.stores.vector_edge import EdgeVectorModel
     from tests.test_vector_index_build import POLICY, THRESHOLD, batch
     from tests.vector_contract import IDENTITY

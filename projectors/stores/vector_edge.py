@@ -93,6 +93,14 @@ def quantized_search(limit: int) -> SearchParams:
     )
 
 
+def _floats_only(limit: int) -> SearchParams:
+    """A search that ignores int8 codes a shard holds (``IndexPolicy.quantization`` off)."""
+    return _FLOATS_ONLY
+
+
+_FLOATS_ONLY: Final = SearchParams(quantization=QuantizationSearchParams(ignore=True))
+
+
 def _match(key: str, value: str) -> FieldCondition:
     return FieldCondition(key, match=MatchValue(value))
 
@@ -109,6 +117,9 @@ class EdgeVectorModel(VectorModelBase):
         self._path = path
         recover(path)
         self._live = LiveShard(path, self._open(path, identity))
+        self._search_params = (
+            quantized_search if index is None or index.quantization else _floats_only
+        )
         self._closed = False
         self._builder: IndexBuilder | None = None
         self._node_ids: dict[int, str] = {}
@@ -222,7 +233,7 @@ class EdgeVectorModel(VectorModelBase):
                 limit=limit,
                 query=Query.Nearest(vector),
                 filter=Filter(must=must),
-                params=quantized_search(limit),
+                params=self._search_params(limit),
                 with_payload=False,
             )
             found = self._shard.query(request)
