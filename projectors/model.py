@@ -56,6 +56,11 @@ class ProjectedRecord(msgspec.Struct, frozen=True, kw_only=True):
     """The sealed bytes on the log, when the record was sealed (what a dead letter keeps)."""
 
 
+class ModelClosed(RuntimeError):
+    """A read model was closed (swapped by a rebuild, or its shard closed) while a call
+    from outside the shard's thread was on its way to it."""
+
+
 class ReadModel(Protocol):
     """One read model of one shard."""
 

@@ -1,7 +1,9 @@
 """One shard: every read model of one log partition, and how a batch is applied to them.
 
 All of a shard's model calls run on the shard's own thread, so a model never sees two
-threads at once; shards work in parallel with each other.
+threads at once; shards work in parallel with each other. The one exception is
+:meth:`Shard.search_beside`: the vector model, whose every engine call holds its own lock,
+is searched on a second thread while the shard's thread searches the other channels.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .dead_letters import DeadLetter
 from .derive import derive_node, embedding_text
 from .embeddings.protocol import EmbeddingIdentity
 from .erasure import Forgetting
-from .model import ModelName, ProjectedRecord, ReadModel
+from .model import ModelClosed, ModelName, ProjectedRecord, ReadModel
 from .registry import MODEL_NAMES, ModelContext, ReadModelSpec, open_read_model, read_models
 
 if TYPE_CHECKING:
@@ -82,6 +84,9 @@ class Shard:
         self._owns_vectors = vectors is None
         self._vectors = vectors or VectorBackend.from_settings(settings)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"prme-p{partition}")
+        self._beside = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"prme-p{partition}-search"
+        )
         self.models: dict[ModelName, ReadModel] = {}
         self._specs = read_models(models)
         self.position = -1
@@ -128,6 +133,22 @@ class Shard:
         """Run ``function`` on the shard's thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, function, *args)
+
+    async def search_beside(self, name: ModelName, function: Callable[[Any], T]) -> T:
+        """Run ``function(model)`` for model ``name`` on the shard's second thread, beside
+        whatever the shard's thread runs: only for a model whose calls are safe from two
+        threads (the vector model's engine calls hold its own lock). A model being swapped
+        or closed meanwhile raises :class:`ModelClosed` (call it again through
+        :meth:`call`, which waits for the swap)."""
+
+        def resolved() -> T:
+            model = self.models.get(name)
+            if model is None:
+                raise ModelClosed(f"p{self.partition}: no {name} model open")
+            return function(model)
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._beside, resolved)
 
     async def call(self, name: ModelName, function: Callable[[Any], T]) -> T:
         """Run ``function(model)`` on the shard's thread, resolving model ``name`` there, so
@@ -302,6 +323,7 @@ class Shard:
 
         await self.run(_close)
         self._executor.shutdown(wait=True)
+        self._beside.shutdown(wait=True)
 
 
 def replace_model_directory(live: Path, staged: Path) -> None:

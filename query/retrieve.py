@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import uuid_utils
 
 from prme.projectors.embeddings.protocol import document_query_encoder
+from prme.projectors.model import ModelClosed
 from prme.projectors.runner import ProjectorRunner
 from prme.projectors.shard import Shard
 from prme.schemas.config import QuerySettings, Settings
@@ -164,13 +165,15 @@ class Retriever:
         include_archived: bool,
         clock: Stopwatch,
     ) -> tuple[dict[str, Ranking], list[ChannelReport], list[float] | None, bool]:
-        """Every channel's ranking. The query is embedded while the lexical (and graph)
-        channels search on the shard's thread; the vector channel searches once the
-        embedding is there. Returns the rankings of the channels that ran, a report per
+        """Every channel's ranking. The lexical (and graph) channels search on the shard's
+        thread while the query is embedded and then searched by the vector channel on the
+        shard's second thread. Returns the rankings of the channels that ran, a report per
         channel, the query vector (``None`` when the vector channel did not run) and whether
-        ``embed_query`` was used. A channel's ``ms`` is its time on the shard's thread, plus
-        the query embedding for the vector channel."""
-        embedding = asyncio.create_task(self._embed(shard, analysis.vector_query, clock))
+        ``embed_query`` was used. A channel's ``ms`` is its search time, plus the query
+        embedding for the vector channel."""
+        vector_channel = asyncio.create_task(
+            self._vector_channel(shard, analysis, owner, scope, limit, include_archived, clock)
+        )
         calls: dict[str, Callable[[Any], Any]] = {
             "lexical": lambda m: m.search(
                 analysis.lexical_query, owner, scope, limit, include_archived
@@ -184,15 +187,9 @@ class Retriever:
         try:
             outcomes = await shard.run(_search_all, shard.models, calls)
         finally:
-            embedded = await embedding
+            embedded, searched = await vector_channel
+        outcomes = {**searched, **outcomes}
         vector = embedded.vector
-        if vector is not None:
-            searched = await shard.run(
-                _search_all,
-                shard.models,
-                {"vector": lambda m: m.search(vector, owner, scope, limit, include_archived)},
-            )
-            outcomes = {**searched, **outcomes}
         channels: dict[str, Ranking] = {}
         reports = [embedded.report] if embedded.report is not None else []
         for name, outcome in outcomes.items():
@@ -206,6 +203,35 @@ class Retriever:
             channels[name] = [(hit.node_id, hit.score) for hit in outcome.hits]
             reports.append(ChannelReport(name=name, used=True, ms=ms, candidates=len(outcome.hits)))
         return channels, reports, vector, embedded.query_encoder
+
+    async def _vector_channel(
+        self,
+        shard: Shard,
+        analysis: QueryAnalysis,
+        owner: str,
+        scope: str | None,
+        limit: int,
+        include_archived: bool,
+        clock: Stopwatch,
+    ) -> tuple[_Embedded, dict[str, _Outcome]]:
+        """The query's embedding, then its vector search beside the shard's thread (on
+        the shard's thread when a rebuild swapped the model meanwhile); no search when
+        the query could not be embedded."""
+        embedded = await self._embed(shard, analysis.vector_query, clock)
+        vector = embedded.vector
+        if vector is None:
+            return embedded, {}
+
+        def search(model: Any) -> Any:
+            return model.search(vector, owner, scope, limit, include_archived)
+
+        try:
+            outcome = await shard.search_beside(
+                "vector", lambda model: _search_one(model, search, beside=True)
+            )
+            return embedded, {"vector": outcome}
+        except ModelClosed:
+            return embedded, await shard.run(_search_all, shard.models, {"vector": search})
 
     async def _embed(self, shard: Shard, query: str, clock: Stopwatch) -> _Embedded:
         started = time.perf_counter()
@@ -356,14 +382,28 @@ def _search_all(
     reports its error and leaves the others running."""
     outcomes: dict[str, _Outcome] = {}
     for name, call in calls.items():
-        started = time.perf_counter()
-        try:
-            hits = call(models[name])
-        except Exception as error:
-            outcomes[name] = _Outcome([], _ms(started), f"{type(error).__name__}: {error}")
+        model = models.get(name)
+        if model is None:
+            outcomes[name] = _Outcome([], 0.0, f"KeyError: {name!r}")
             continue
-        outcomes[name] = _Outcome(hits, _ms(started), None)
+        outcomes[name] = _search_one(model, call)
     return outcomes
+
+
+def _search_one(model: Any, call: Callable[[Any], Any], *, beside: bool = False) -> _Outcome:
+    """``call(model)`` timed; its error, if any, reported (the channel does not run).
+    ``beside`` the shard's thread, a closed model is raised instead: a rebuild may have
+    swapped it, and the shard's thread has the one that replaced it."""
+    started = time.perf_counter()
+    try:
+        hits = call(model)
+    except ModelClosed:
+        if beside:
+            raise
+        return _Outcome([], _ms(started), "ModelClosed: the model is closed")
+    except Exception as error:
+        return _Outcome([], _ms(started), f"{type(error).__name__}: {error}")
+    return _Outcome(hits, _ms(started), None)
 
 
 def time_factor(

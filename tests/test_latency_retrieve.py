@@ -1,13 +1,18 @@
-"""Retrieve searches every channel in one hop to the shard's thread: a failing channel is
-reported and the others still answer."""
+"""Retrieve searches the lexical (and graph) channels in one hop to the shard's thread and
+the vector channel beside it, on the shard's second thread: a failing channel is reported
+and the others still answer; a vector model swapped mid-search is searched again."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from prme.producers.producer import MessageDraft
+from prme.projectors.model import ModelClosed
 from prme.query.engine import MemoryEngine
 from prme.query.types import ChannelReport, RetrieveResponse, StoreResult
 from prme.schemas.config import Settings
@@ -62,3 +67,92 @@ async def test_a_failing_vector_channel_skips_the_floor_and_keeps_lexical_result
     assert response.receipt.min_score_skipped
     assert [r.node_id for r in response.results] == stored.node_ids
     assert response.results[0].metadata == {"min_score_skipped": True}
+
+
+async def test_the_vector_channel_searches_while_the_lexical_channel_does(
+    engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored = await engine.store("Aurora needs approval before deployment.", "alice")
+    shard = await engine.runner.shard_for("alice")
+    vector, lexical = shard.models["vector"], shard.models["lexical"]
+    vector_searching = threading.Event()
+    lexical_search, vector_search = lexical.search, vector.search
+
+    def lexical_waiting_for_vector(*args: Any) -> Any:
+        # On one thread the vector search would only start after this one returned.
+        assert vector_searching.wait(10), "the vector channel did not search meanwhile"
+        return lexical_search(*args)
+
+    def vector_noting(*args: Any) -> Any:
+        vector_searching.set()
+        return vector_search(*args)
+
+    monkeypatch.setattr(lexical, "search", lexical_waiting_for_vector)
+    monkeypatch.setattr(vector, "search", vector_noting)
+    response = await engine.retrieve("Aurora deployment approval", "alice")
+    reports = {c.name: c for c in response.receipt.channels}
+    assert reports["vector"].used and reports["lexical"].used
+    assert [r.node_id for r in response.results] == stored.node_ids
+    assert response.results[0].semantic_relevance is not None
+
+
+async def test_a_vector_model_closed_under_the_search_is_searched_again_on_the_shard_thread(
+    engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored = await engine.store("Aurora needs approval before deployment.", "alice")
+    expected = await engine.retrieve("Aurora deployment approval", "alice")
+    shard = await engine.runner.shard_for("alice")
+    vector = shard.models["vector"]
+    search = vector.search
+    threads: list[str] = []
+
+    def swapped_once(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        if len(threads) == 1:  # as if a rebuild had closed it between lookup and search
+            raise ModelClosed("swapped")
+        return search(*args)
+
+    monkeypatch.setattr(vector, "search", swapped_once)
+    response = await engine.retrieve("Aurora deployment approval", "alice")
+    assert [thread.rsplit("_", 1)[0] for thread in threads] == [
+        f"prme-p{shard.partition}-search",
+        f"prme-p{shard.partition}",
+    ]
+    reports = {c.name: c for c in response.receipt.channels}
+    assert reports["vector"].used and not reports["vector"].error
+    assert [(r.node_id, r.score) for r in response.results] == [
+        (r.node_id, r.score) for r in expected.results
+    ]
+    assert [r.node_id for r in response.results] == stored.node_ids
+
+
+async def test_retrieves_during_a_vector_rebuild_always_search_the_vector_channel(
+    engine: MemoryEngine,
+) -> None:
+    for start in range(0, 600, 200):
+        await engine.store_many(
+            [
+                MessageDraft(owner="alice", content=f"note {i} about Aurora deployments")
+                for i in range(start, start + 200)
+            ]
+        )
+    stop = asyncio.Event()
+    errors: list[str] = []
+    answered = 0
+
+    async def retrieving() -> None:
+        nonlocal answered
+        while not stop.is_set():
+            response = await engine.retrieve("Aurora deployment", "alice", top_k=3)
+            reports = {c.name: c for c in response.receipt.channels}
+            if not reports["vector"].used:
+                errors.append(str(reports["vector"].error))
+            answered += 1
+
+    readers = [asyncio.create_task(retrieving()) for _ in range(4)]
+    try:
+        await engine.rebuild(["vector"])
+    finally:
+        stop.set()
+        await asyncio.gather(*readers)
+    assert answered > 0 and errors == []

@@ -37,6 +37,7 @@ from qdrant_edge import (
 )
 
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
+from prme.projectors.model import ModelClosed
 from prme.schemas.errors import EmbeddingMismatch, ShardUnavailable
 
 from .vector_base import (
@@ -229,6 +230,8 @@ class EdgeVectorModel(VectorModelBase):
         if where.node_ids is not None:
             must.append(HasIdCondition({uuid.UUID(point_id(n)) for n in where.node_ids}))
         with self._live.lock:
+            if self._closed:  # searched from beside the shard's thread, after a swap
+                raise ModelClosed(f"the vector shard at {self._path} is closed")
             request = QueryRequest(
                 limit=limit,
                 query=Query.Nearest(vector),
