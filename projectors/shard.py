@@ -2,8 +2,9 @@
 
 All of a shard's model calls run on the shard's own thread, so a model never sees two
 threads at once; shards work in parallel with each other. The one exception is
-:meth:`Shard.search_beside`: the vector model, whose every engine call holds its own lock,
-is searched on a second thread while the shard's thread searches the other channels.
+:meth:`Shard.search_beside`: the vector model (the embedded store's engine calls hold its
+own lock; qdrant-client is thread-safe) is searched on a second thread while the shard's
+thread searches the other channels.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from prme.producers.sealing import keys_for
 from prme.producers.transport import LogEntry
 from prme.schemas.codec import encode_record
 from prme.schemas.config import Settings
-from prme.schemas.errors import InvalidEmbedding, InvalidInput, RecordDecodeError
+from prme.schemas.errors import (
+    InvalidEmbedding,
+    InvalidInput,
+    RecordDecodeError,
+    ShardUnavailable,
+)
 from prme.schemas.metrics import Metrics
 from prme.schemas.records import Message
 from prme.schemas.sealing import ErasedRecord, KeyRef, Sealer
@@ -87,6 +93,7 @@ class Shard:
         self._beside = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"prme-p{partition}-search"
         )
+        self._closing = False
         self.models: dict[ModelName, ReadModel] = {}
         self._specs = read_models(models)
         self.position = -1
@@ -130,16 +137,37 @@ class Shard:
         return open_read_model(spec, context)
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
-        """Run ``function`` on the shard's thread."""
+        """Run ``function`` on the shard's thread; :class:`ShardUnavailable` once the
+        shard is closing."""
+        return await self._on(self._executor, function, *args)
+
+    @property
+    def closing(self) -> bool:
+        """:meth:`close` has begun: what this shard answers from now on may be partial."""
+        return self._closing
+
+    async def _on(self, executor: ThreadPoolExecutor, function: Callable[..., T], *args: Any) -> T:
+        if self._closing:
+            raise self._unavailable()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, function, *args)
+        try:
+            return await loop.run_in_executor(executor, function, *args)
+        except RuntimeError:  # ModelClosed, or an executor already shut down
+            if self._closing:
+                raise self._unavailable() from None
+            raise
+
+    def _unavailable(self) -> ShardUnavailable:
+        return ShardUnavailable(
+            f"partition {self.partition} is closing here (moved, or the node is stopping)"
+        )
 
     async def search_beside(self, name: ModelName, function: Callable[[Any], T]) -> T:
         """Run ``function(model)`` for model ``name`` on the shard's second thread, beside
         whatever the shard's thread runs: only for a model whose calls are safe from two
-        threads (the vector model's engine calls hold its own lock). A model being swapped
-        or closed meanwhile raises :class:`ModelClosed` (call it again through
-        :meth:`call`, which waits for the swap)."""
+        threads (the vector model). A model being swapped or closed meanwhile raises
+        :class:`ModelClosed` (call it again through :meth:`call`, which waits for the
+        swap)."""
 
         def resolved() -> T:
             model = self.models.get(name)
@@ -147,8 +175,7 @@ class Shard:
                 raise ModelClosed(f"p{self.partition}: no {name} model open")
             return function(model)
 
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._beside, resolved)
+        return await self._on(self._beside, resolved)
 
     async def call(self, name: ModelName, function: Callable[[Any], T]) -> T:
         """Run ``function(model)`` on the shard's thread, resolving model ``name`` there, so
@@ -321,9 +348,13 @@ class Shard:
             if self._owns_vectors:
                 self._vectors.close()
 
-        await self.run(_close)
+        if self._closing:
+            return
+        self._closing = True
+        await asyncio.get_running_loop().run_in_executor(self._executor, _close)
         self._executor.shutdown(wait=True)
-        self._beside.shutdown(wait=True)
+        # A search still running beside (a Qdrant server's) need not hold up the loop.
+        self._beside.shutdown(wait=False, cancel_futures=True)
 
 
 def replace_model_directory(live: Path, staged: Path) -> None:

@@ -15,6 +15,7 @@ from prme.projectors.model import ModelClosed
 from prme.projectors.runner import ProjectorRunner
 from prme.projectors.shard import Shard
 from prme.schemas.config import QuerySettings, Settings
+from prme.schemas.errors import ShardUnavailable
 from prme.schemas.metrics import Metrics, Stopwatch
 
 from .analysis import QueryAnalysis, analyse, speaker_factor
@@ -188,6 +189,8 @@ class Retriever:
             outcomes = await shard.run(_search_all, shard.models, calls)
         finally:
             embedded, searched = await vector_channel
+        if shard.closing:  # its models may have gone mid-search: no partial answer
+            raise ShardUnavailable(f"partition {shard.partition} closed during the search")
         outcomes = {**searched, **outcomes}
         vector = embedded.vector
         channels: dict[str, Ranking] = {}
@@ -397,10 +400,10 @@ def _search_one(model: Any, call: Callable[[Any], Any], *, beside: bool = False)
     started = time.perf_counter()
     try:
         hits = call(model)
-    except ModelClosed:
+    except ModelClosed as error:
         if beside:
             raise
-        return _Outcome([], _ms(started), "ModelClosed: the model is closed")
+        return _Outcome([], _ms(started), f"ModelClosed: {error}")
     except Exception as error:
         return _Outcome([], _ms(started), f"{type(error).__name__}: {error}")
     return _Outcome(hits, _ms(started), None)

@@ -16,6 +16,7 @@ from prme.projectors.model import ModelClosed
 from prme.query.engine import MemoryEngine
 from prme.query.types import ChannelReport, RetrieveResponse, StoreResult
 from prme.schemas.config import Settings
+from prme.schemas.errors import ShardUnavailable
 
 
 @pytest.fixture
@@ -156,3 +157,30 @@ async def test_retrieves_during_a_vector_rebuild_always_search_the_vector_channe
         stop.set()
         await asyncio.gather(*readers)
     assert answered > 0 and errors == []
+
+
+async def test_a_retrieve_the_shard_closes_under_answers_unavailable_not_partial(
+    engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await engine.store("Aurora needs approval before deployment.", "alice")
+    shard = await engine.runner.shard_for("alice")
+    lexical = shard.models["lexical"]
+    searching, release = threading.Event(), threading.Event()
+    lexical_search = lexical.search
+
+    def held(*args: Any) -> Any:
+        searching.set()
+        assert release.wait(10)
+        return lexical_search(*args)
+
+    monkeypatch.setattr(lexical, "search", held)
+    retrieving = asyncio.create_task(engine.retrieve("Aurora deployment approval", "alice"))
+    assert await asyncio.to_thread(searching.wait, 10)
+    closing = asyncio.create_task(shard.close())  # a rebalance took the partition away
+    await asyncio.sleep(0.05)
+    release.set()
+    with pytest.raises(ShardUnavailable, match="closing|closed"):
+        await retrieving
+    await closing
+    with pytest.raises(ShardUnavailable):
+        await shard.run(lambda: None)
