@@ -2,9 +2,9 @@
 
 All of a shard's model calls run on the shard's own thread, so a model never sees two
 threads at once; shards work in parallel with each other. The one exception is
-:meth:`Shard.search_beside`: the vector model (the embedded store's engine calls hold its
-own lock; qdrant-client is thread-safe) is searched on a second thread while the shard's
-thread searches the other channels.
+:meth:`Shard.search_beside`: an indexed vector model (the embedded store's engine calls
+hold its own lock) is searched on a second thread while the shard's thread searches the
+other channels.
 """
 
 from __future__ import annotations

@@ -173,7 +173,12 @@ class Retriever:
         ``embed_query`` was used. A channel's ``ms`` is its search time, plus the query
         embedding for the vector channel."""
         vector_channel = asyncio.create_task(
-            self._vector_channel(shard, analysis, owner, scope, limit, include_archived, clock)
+            self._vector_channel(
+                shard,
+                analysis.vector_query,
+                clock,
+                lambda vector, m: m.search(vector, owner, scope, limit, include_archived),
+            )
         )
         calls: dict[str, Callable[[Any], Any]] = {
             "lexical": lambda m: m.search(
@@ -210,31 +215,31 @@ class Retriever:
     async def _vector_channel(
         self,
         shard: Shard,
-        analysis: QueryAnalysis,
-        owner: str,
-        scope: str | None,
-        limit: int,
-        include_archived: bool,
+        query: str,
         clock: Stopwatch,
+        search: Callable[[list[float], Any], Any],
     ) -> tuple[_Embedded, dict[str, _Outcome]]:
-        """The query's embedding, then its vector search beside the shard's thread (on
-        the shard's thread when a rebuild swapped the model meanwhile); no search when
-        the query could not be embedded."""
-        embedded = await self._embed(shard, analysis.vector_query, clock)
+        """``query``'s embedding, then ``search(vector, model)``: beside the shard's thread
+        when the model says it is worth it (``search_beside``), else (or when a rebuild
+        swapped the model meanwhile) on the shard's thread, after the other channels; no
+        search when the query could not be embedded."""
+        embedded = await self._embed(shard, query, clock)
         vector = embedded.vector
         if vector is None:
             return embedded, {}
 
-        def search(model: Any) -> Any:
-            return model.search(vector, owner, scope, limit, include_archived)
+        def searched(model: Any) -> Any:
+            return search(vector, model)
 
-        try:
-            outcome = await shard.search_beside(
-                "vector", lambda model: _search_one(model, search, beside=True)
-            )
-            return embedded, {"vector": outcome}
-        except ModelClosed:
-            return embedded, await shard.run(_search_all, shard.models, {"vector": search})
+        if getattr(shard.models.get("vector"), "search_beside", False):
+            try:
+                outcome = await shard.search_beside(
+                    "vector", lambda model: _search_one(model, searched, beside=True)
+                )
+                return embedded, {"vector": outcome}
+            except ModelClosed:
+                pass  # swapped by a rebuild: the shard's thread has its replacement
+        return embedded, await shard.run(_search_all, shard.models, {"vector": searched})
 
     async def _embed(self, shard: Shard, query: str, clock: Stopwatch) -> _Embedded:
         started = time.perf_counter()

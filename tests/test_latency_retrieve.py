@@ -1,6 +1,7 @@
-"""Retrieve searches the lexical (and graph) channels in one hop to the shard's thread and
-the vector channel beside it, on the shard's second thread: a failing channel is reported
-and the others still answer; a vector model swapped mid-search is searched again."""
+"""Retrieve searches the lexical (and graph) channels in one hop to the shard's thread, and
+the vector channel after them there, or beside them on the shard's second thread once the
+shard has an HNSW graph: a failing channel is reported and the others still answer; a
+vector model swapped mid-search is searched again."""
 
 from __future__ import annotations
 
@@ -22,6 +23,23 @@ from prme.schemas.errors import ShardUnavailable
 @pytest.fixture
 async def engine(local_settings: Settings, hashed_provider: Any) -> AsyncIterator[MemoryEngine]:
     engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+async def indexed_engine(
+    local_settings: Settings, hashed_provider: Any
+) -> AsyncIterator[MemoryEngine]:
+    """Alice's shard past a (low) index threshold, with its HNSW graph built: its vector
+    searches run beside the shard's thread."""
+    settings = local_settings.replace(qdrant={"index_threshold": 300})
+    engine = await MemoryEngine.create(settings=settings, embedding_provider=hashed_provider)
+    drafts = [MessageDraft(owner="alice", content=f"note {i} about tea") for i in range(400)]
+    await engine.store_many(drafts)
+    vector = (await engine.runner.shard_for("alice")).models["vector"]
+    assert await asyncio.to_thread(vector.wait_index_idle, 60)
+    assert vector.search_beside
     yield engine
     await engine.close()
 
@@ -70,9 +88,10 @@ async def test_a_failing_vector_channel_skips_the_floor_and_keeps_lexical_result
     assert response.results[0].metadata == {"min_score_skipped": True}
 
 
-async def test_the_vector_channel_searches_while_the_lexical_channel_does(
-    engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+async def test_on_an_indexed_shard_the_vector_channel_searches_while_the_lexical_one_does(
+    indexed_engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    engine = indexed_engine
     stored = await engine.store("Aurora needs approval before deployment.", "alice")
     shard = await engine.runner.shard_for("alice")
     vector, lexical = shard.models["vector"], shard.models["lexical"]
@@ -93,13 +112,35 @@ async def test_the_vector_channel_searches_while_the_lexical_channel_does(
     response = await engine.retrieve("Aurora deployment approval", "alice")
     reports = {c.name: c for c in response.receipt.channels}
     assert reports["vector"].used and reports["lexical"].used
-    assert [r.node_id for r in response.results] == stored.node_ids
+    assert response.results[0].node_id == stored.node_ids[0]
     assert response.results[0].semantic_relevance is not None
 
 
-async def test_a_vector_model_closed_under_the_search_is_searched_again_on_the_shard_thread(
+async def test_on_a_small_shard_the_vector_channel_searches_after_the_lexical_one(
     engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    stored = await engine.store("Aurora needs approval before deployment.", "alice")
+    shard = await engine.runner.shard_for("alice")
+    vector, lexical = shard.models["vector"], shard.models["lexical"]
+    assert not vector.search_beside  # no HNSW graph: a search of ~1 ms
+    order: list[tuple[str, str]] = []
+    for name, model in (("vector", vector), ("lexical", lexical)):
+
+        def noting(*args: Any, name: str = name, search: Any = model.search) -> Any:
+            order.append((name, threading.current_thread().name.rsplit("_", 1)[0]))
+            return search(*args)
+
+        monkeypatch.setattr(model, "search", noting)
+    response = await engine.retrieve("Aurora deployment approval", "alice")
+    thread = f"prme-p{shard.partition}"
+    assert order == [("lexical", thread), ("vector", thread)]
+    assert [r.node_id for r in response.results] == stored.node_ids
+
+
+async def test_a_vector_model_closed_under_the_search_is_searched_again_on_the_shard_thread(
+    indexed_engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = indexed_engine
     stored = await engine.store("Aurora needs approval before deployment.", "alice")
     expected = await engine.retrieve("Aurora deployment approval", "alice")
     shard = await engine.runner.shard_for("alice")
@@ -124,19 +165,13 @@ async def test_a_vector_model_closed_under_the_search_is_searched_again_on_the_s
     assert [(r.node_id, r.score) for r in response.results] == [
         (r.node_id, r.score) for r in expected.results
     ]
-    assert [r.node_id for r in response.results] == stored.node_ids
+    assert response.results[0].node_id == stored.node_ids[0]
 
 
 async def test_retrieves_during_a_vector_rebuild_always_search_the_vector_channel(
-    engine: MemoryEngine,
+    indexed_engine: MemoryEngine,
 ) -> None:
-    for start in range(0, 600, 200):
-        await engine.store_many(
-            [
-                MessageDraft(owner="alice", content=f"note {i} about Aurora deployments")
-                for i in range(start, start + 200)
-            ]
-        )
+    engine = indexed_engine
     stop = asyncio.Event()
     errors: list[str] = []
     answered = 0
@@ -144,7 +179,7 @@ async def test_retrieves_during_a_vector_rebuild_always_search_the_vector_channe
     async def retrieving() -> None:
         nonlocal answered
         while not stop.is_set():
-            response = await engine.retrieve("Aurora deployment", "alice", top_k=3)
+            response = await engine.retrieve("notes about tea", "alice", top_k=3)
             reports = {c.name: c for c in response.receipt.channels}
             if not reports["vector"].used:
                 errors.append(str(reports["vector"].error))

@@ -260,6 +260,13 @@ class VectorModelBase(ABC):
         states: tuple[NodeState, ...] | None = None if include_inactive else ("active",)
         return self._search(query, SearchFilter(owner, scope, states), limit)
 
+    @property
+    def search_beside(self) -> bool:
+        """A search is worth a thread of its own beside the other channels' (it is long
+        and its engine calls are safe from two threads); else it follows them on the
+        shard's thread."""
+        return False
+
     def scores_for(self, vector: list[float], owner: str, node_ids: list[str]) -> dict[str, float]:
         """The cosine of each of ``owner``'s ``node_ids`` to ``vector`` (any state), so results
         found by other channels get a ``semantic_relevance`` too."""

@@ -111,6 +111,8 @@ class LiveShard:
         self.path = path
         self.shard = shard
         self.lock = threading.RLock()
+        self.indexed = shard.info().indexed_vectors_count > 0
+        """The shard has an HNSW graph (a build was swapped in)."""
 
 
 class _Journal:
@@ -292,6 +294,7 @@ class IndexBuilder:
             swap_directories(self._live.path, copy)
         finally:
             self._live.shard = EdgeShard.load(str(self._live.path))
+            self._live.indexed = self._live.shard.info().indexed_vectors_count > 0
         shutil.rmtree(retired_directory(self._live.path), ignore_errors=True)
 
 
