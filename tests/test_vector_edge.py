@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,21 +97,68 @@ class _CountingShard:
         return getattr(self.shard, name)
 
 
-def test_a_search_reads_a_points_node_id_only_the_first_time_it_returns_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_node_ids_of_written_points_are_never_read_back(tmp_path: Path) -> None:
     items = [message(n, basis(1, n / 10), owner="alice") for n in range(6)]
     with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
         model.apply(items)
         counting = _CountingShard(model._live.shard)
-        monkeypatch.setattr(model._live, "shard", counting)
+        model._live.shard = counting  # type: ignore[assignment]
+        found = model.search(basis(1), "alice", None, 6)
+        assert counting.retrieved == []
+        model._live.shard = counting.shard
+    assert set(ids(found)) == {node_of(item) for item in items}
+
+
+def test_a_search_reads_a_points_node_id_only_the_first_time_it_returns_it(
+    tmp_path: Path,
+) -> None:
+    items = [message(n, basis(1, n / 10), owner="alice") for n in range(6)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply(items)
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:  # fewer than PRIMED_FROM
+        assert model._primer is None
+        counting = _CountingShard(model._live.shard)
+        model._live.shard = counting  # type: ignore[assignment]
         first = model.search(basis(1), "alice", None, 3)
         assert counting.retrieved == [3]
         again = model.search(basis(1), "alice", None, 6)
         assert counting.retrieved == [3, 3]  # only the three it had not returned yet
         assert model.search(basis(1), "alice", None, 6) == again
         assert counting.retrieved == [3, 3]
+        model._live.shard = counting.shard
     assert set(ids(first)) < set(ids(again)) == {node_of(item) for item in items}
+
+
+def test_an_opened_shard_reads_its_node_ids_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vector_edge, "PRIMED_FROM", 4)
+    items = [message(n, basis(1, n / 10), owner="alice") for n in range(6)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply([*items, message(6, None)])  # a message without a vector has no point
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        assert model._primer is not None
+        model._primer.join(timeout=30)
+        assert model._node_ids == {
+            uuid.UUID(point_id(node_of(item))).int: node_of(item) for item in items
+        }
+        counting = _CountingShard(model._live.shard)
+        model._live.shard = counting  # type: ignore[assignment]
+        found = model.search(basis(1), "alice", None, 6)
+        assert counting.retrieved == []
+        model._live.shard = counting.shard
+    assert set(ids(found)) == {node_of(item) for item in items}
+
+
+def test_a_priming_overtaken_by_an_erasure_keeps_nothing(tmp_path: Path) -> None:
+    items = [message(n, basis(1, n / 10), owner="alice") for n in range(3)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply([*items, message(3, basis(1), owner="bob")])
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        started_before = model._erasures
+        model.apply([ProjectedRecord(offset=4, record=erased("x4"))])
+        model._prime(started_before)  # as a primer thread that read before the erasure
+        assert model._node_ids == {}
 
 
 def test_node_ids_stay_right_when_the_remembered_ids_are_dropped(
@@ -134,7 +182,7 @@ def test_an_erasure_drops_the_remembered_node_ids(tmp_path: Path) -> None:
     with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
         model.apply([*items, kept])
         model.search(basis(1), "alice", None, 3)
-        assert len(model._node_ids) == 3
+        assert len(model._node_ids) == 4  # every point written
         model.apply([ProjectedRecord(offset=4, record=erased("x4"))])
         assert model._node_ids == {}
         assert model.search(basis(1), "alice", None, 3) == []
