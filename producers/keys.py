@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import sqlite3
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Protocol, runtime_checkable
 
 from prme.schemas.sealing import DataKey, KeyRef, new_data_key
 
+from .sqlite_files import connect_wal
 from .sqlite_thread import SqliteThread
 
 WRITE_TTL_S = 60.0
@@ -205,16 +205,9 @@ class LocalKeyStore(SqliteThread, CachingKeyStore):
         await self._start_thread("prme-keys")
 
     def _open(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        # The busy timeout from the connect on: switching to WAL takes a lock, and the
-        # processes of `prme serve --processes N` open this file at the same moment.
-        db = sqlite3.connect(
-            self._path, timeout=30.0, isolation_level=None, check_same_thread=False
-        )
-        db.execute("PRAGMA journal_mode=WAL")
+        db = connect_wal(self._path)
         db.execute("PRAGMA synchronous=FULL")  # a key must outlive the records it sealed
         db.execute("PRAGMA secure_delete=ON")
-        db.execute("PRAGMA busy_timeout=30000")
         db.executescript(_SCHEMA)
         self._connection = db
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from prme.schemas.cluster import static_map
 from prme.schemas.errors import ConfigurationError, TransportError
 
 from .partitioner import Partitioner
+from .sqlite_files import connect_wal
 from .sqlite_thread import SqliteThread
 from .transport import LogEntry, LogItem, Membership, PartitionsCallback, Position
 
@@ -81,14 +81,8 @@ class LocalLogTransport(SqliteThread):
         await self._start_thread("prme-local-log")
 
     def _open(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        # The busy timeout from the connect on (see keys.LocalKeyStore._open).
-        connection = sqlite3.connect(
-            self._path, timeout=30.0, isolation_level=None, check_same_thread=False
-        )
-        connection.execute("PRAGMA journal_mode=WAL")
+        connection = connect_wal(self._path)
         connection.execute("PRAGMA synchronous=NORMAL")
-        connection.execute("PRAGMA busy_timeout=30000")
         connection.executescript(_SCHEMA)
         connection.execute("BEGIN IMMEDIATE")
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import sqlite3
 import threading
 import time
 from array import array
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from prme.producers.sqlite_files import connect_wal
 from prme.schemas.metrics import Metrics
 
 from ..stores.sqlite_base import LockedDatabase, transaction
@@ -85,12 +85,8 @@ class VectorCache(LockedDatabase):
 
     def __init__(self, path: Path, *, timeout_s: float = 30.0) -> None:
         self._path = Path(path)
-        self._path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            self._path, timeout=timeout_s, isolation_level=None, check_same_thread=False
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = connect_wal(self._path, timeout_s=timeout_s)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
         self._db.execute("PRAGMA secure_delete=ON")

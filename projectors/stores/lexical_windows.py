@@ -14,12 +14,12 @@ what makes a rebuild (in any batching) produce the same index.
 from __future__ import annotations
 
 import bisect
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from prme.producers.sqlite_files import connect_wal
 from prme.projectors.model import MemoryNode, NodeState
 
 _MAX_OFFSET = 2**63 - 1
@@ -76,8 +76,7 @@ class WindowStore:
     def __init__(self, path: Path, *, window_before: int, window_after: int) -> None:
         self._before = max(window_before, 0)
         self._after = max(window_after, 0)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = connect_wal(path)
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA secure_delete=ON")
         self._db.executescript(_SCHEMA)

@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Self
 
 import msgspec
 
+from prme.producers.sqlite_files import connect_wal
+
 from ..model import ModelName, ProjectedRecord
 
 _TRACKING_SCHEMA = "CREATE TABLE IF NOT EXISTS applied (model TEXT PRIMARY KEY, offset INTEGER)"
@@ -27,9 +29,7 @@ _digest_encoder = msgspec.msgpack.Encoder()
 def open_database(path: Path) -> sqlite3.Connection:
     """Open (creating) the SQLite file at ``path`` in WAL mode, in autocommit mode so
     transactions are explicit, usable from any thread (callers serialise access)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    connection.execute("PRAGMA journal_mode=WAL")
+    connection = connect_wal(path)
     # NORMAL in WAL mode may lose the newest commits on power loss, but data and tracking
     # row are lost together, so replaying the log from the stored offset repairs it.
     connection.execute("PRAGMA synchronous=NORMAL")
