@@ -94,6 +94,7 @@ class Shard:
             max_workers=1, thread_name_prefix=f"prme-p{partition}-search"
         )
         self._closing = False
+        self._closed: asyncio.Future[None] | None = None
         self.models: dict[ModelName, ReadModel] = {}
         self._specs = read_models(models)
         self.position = -1
@@ -341,20 +342,35 @@ class Shard:
         return {name: model.digest() for name, model in self.models.items()}
 
     async def close(self) -> None:
-        def _close() -> None:
+        """Close every model (each is tried even when one fails: the first failure is
+        raised) and the shard's threads. A second call waits for the first and raises what
+        it raised."""
+        if self._closed is None:
+            self._closing = True
+            self._closed = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closed)
+
+    async def _close(self) -> None:
+        def close_models() -> None:
+            failure: BaseException | None = None
             for model in self.models.values():
-                model.close()
+                try:
+                    model.close()
+                except Exception as error:
+                    failure = failure or error
             self.models.clear()
             if self._owns_vectors:
                 self._vectors.close()
+            if failure is not None:
+                raise failure
 
-        if self._closing:
-            return
-        self._closing = True
-        await asyncio.get_running_loop().run_in_executor(self._executor, _close)
-        self._executor.shutdown(wait=True)
-        # A search still running beside (a Qdrant server's) need not hold up the loop.
-        self._beside.shutdown(wait=False, cancel_futures=True)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, close_models)
+        finally:
+            self._executor.shutdown(wait=True)
+            # A search still running beside need not hold up the loop; one still queued
+            # finds no model and answers ShardUnavailable.
+            self._beside.shutdown(wait=False)
 
 
 def replace_model_directory(live: Path, staged: Path) -> None:

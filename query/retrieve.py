@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -192,8 +193,12 @@ class Retriever:
             )
         try:
             outcomes = await shard.run(_search_all, shard.models, calls)
-        finally:
-            embedded, searched = await vector_channel
+        except BaseException:  # no answer to wait for: the request failed or was cancelled
+            vector_channel.cancel()
+            with contextlib.suppress(BaseException):
+                await vector_channel
+            raise
+        embedded, searched = await vector_channel
         if shard.closing:  # its models may have gone mid-search: no partial answer
             raise ShardUnavailable(f"partition {shard.partition} closed during the search")
         outcomes = {**searched, **outcomes}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from prme.producers.producer import MessageDraft
 from prme.projectors.model import ModelClosed
 from prme.query.engine import MemoryEngine
+from prme.query.retrieve import _search_all
 from prme.query.types import ChannelReport, RetrieveResponse, StoreResult
 from prme.schemas.config import Settings
 from prme.schemas.errors import ShardUnavailable
@@ -219,3 +221,54 @@ async def test_a_retrieve_the_shard_closes_under_answers_unavailable_not_partial
     await closing
     with pytest.raises(ShardUnavailable):
         await shard.run(lambda: None)
+
+
+async def test_a_retrieve_whose_search_fails_does_not_wait_for_the_query_embedding(
+    engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await engine.store("Aurora needs approval before deployment.", "alice")
+    shard = await engine.runner.shard_for("alice")
+    embedding = asyncio.Event()
+
+    async def slow_query(text: str) -> list[float]:
+        embedding.set()
+        await asyncio.sleep(60)
+        raise AssertionError("the embedding outlived the request")
+
+    run = shard.run
+
+    async def moved(function: Any, *args: Any) -> Any:
+        if function is _search_all:
+            await embedding.wait()
+            raise ShardUnavailable("partition 0 is closing here")
+        return await run(function, *args)
+
+    monkeypatch.setattr(engine.runner.provider, "embed_query", slow_query, raising=False)
+    monkeypatch.setattr(shard, "run", moved)
+    started = time.monotonic()
+    with pytest.raises(ShardUnavailable):
+        await asyncio.wait_for(engine.retrieve("Aurora deployment approval", "alice"), 10)
+    assert time.monotonic() - started < 5
+
+
+async def test_a_search_queued_beside_a_closing_shard_answers_unavailable(
+    engine: MemoryEngine,
+) -> None:
+    await engine.store("Aurora needs approval before deployment.", "alice")
+    shard = await engine.runner.shard_for("alice")
+    searching, release = threading.Event(), threading.Event()
+
+    def held(model: Any) -> list[Any]:
+        searching.set()
+        assert release.wait(10)
+        return []
+
+    first = asyncio.create_task(shard.search_beside("vector", held))
+    assert await asyncio.to_thread(searching.wait, 10)
+    queued = asyncio.create_task(shard.search_beside("vector", lambda model: []))
+    await asyncio.sleep(0.05)
+    await shard.close()  # a rebalance took the partition away
+    release.set()
+    assert await first == []
+    with pytest.raises(ShardUnavailable):
+        await queued

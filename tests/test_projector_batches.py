@@ -371,3 +371,46 @@ async def test_two_callers_opening_a_shard_at_once_open_it_once(
         assert sorted(shard.models) == ["events", "graph", "history", "lexical", "vector"]
     finally:
         await shard.close()
+
+
+async def test_a_failing_model_close_still_closes_the_others_and_a_second_close_waits(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    import asyncio
+
+    from prme.projectors.embeddings.validation import identity_of
+    from prme.projectors.shard import Shard
+
+    shard = Shard(
+        Path(local_settings.data_dir) / "shards" / "p0",
+        0,
+        local_settings,
+        identity_of(hashed_provider),
+    )
+    await shard.ensure_open()
+    models = dict(shard.models)
+    graph_close = models["graph"].close
+
+    def failing_close() -> None:
+        graph_close()
+        raise OSError("disk gone")
+
+    models["graph"].close = failing_close  # type: ignore[method-assign]
+    first, second = shard.close(), shard.close()
+    outcomes = await asyncio.gather(first, second, return_exceptions=True)
+    assert [type(outcome) for outcome in outcomes] == [OSError, OSError]
+    assert shard.models == {}
+    # Every other model was closed too: their files open again in a new shard.
+    again = Shard(
+        Path(local_settings.data_dir) / "shards" / "p0",
+        0,
+        local_settings,
+        identity_of(hashed_provider),
+    )
+    try:
+        await again.ensure_open()
+        assert sorted(again.models) == sorted(models)
+    finally:
+        await again.close()
+    with pytest.raises(OSError, match="disk gone"):
+        await shard.close()

@@ -19,6 +19,7 @@ from prme.schemas.errors import ShardUnavailable
 from .record_builders import AT, archived, erased
 from .vector_contract import (
     IDENTITY,
+    OTHER_VERSION,
     MakeModel,
     VectorModelContract,
     basis,
@@ -187,3 +188,22 @@ def test_an_erasure_drops_the_remembered_node_ids(tmp_path: Path) -> None:
         assert model._node_ids == {}
         assert model.search(basis(1), "alice", None, 3) == []
         assert ids(model.search(basis(1), "bob", None, 3)) == [node_of(kept)]
+
+
+def test_a_mismatched_store_remembers_no_node_ids_and_a_purge_forgets_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vector_edge, "PRIMED_FROM", 2)
+    items = [message(n, basis(1, n / 10), owner="alice") for n in range(3)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply(items)
+    with EdgeVectorModel(tmp_path / "p0", OTHER_VERSION) as mismatched:
+        assert mismatched.identity_mismatch
+        assert mismatched._primer is None
+        assert mismatched._node_ids == {}
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        assert model._primer is not None
+        model._primer.join(timeout=30)
+        assert len(model._node_ids) == 3
+        model.purge()  # what an erasure's purge calls on every model of the shard
+        assert model._node_ids == {}

@@ -76,7 +76,7 @@ class WindowStore:
     def __init__(self, path: Path, *, window_before: int, window_after: int) -> None:
         self._before = max(window_before, 0)
         self._after = max(window_after, 0)
-        self._db = connect_wal(path)
+        self._db = connect_wal(path, timeout_s=5.0)
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA secure_delete=ON")
         self._db.executescript(_SCHEMA)

@@ -29,7 +29,7 @@ _digest_encoder = msgspec.msgpack.Encoder()
 def open_database(path: Path) -> sqlite3.Connection:
     """Open (creating) the SQLite file at ``path`` in WAL mode, in autocommit mode so
     transactions are explicit, usable from any thread (callers serialise access)."""
-    connection = connect_wal(path)
+    connection = connect_wal(path, timeout_s=5.0)
     # NORMAL in WAL mode may lose the newest commits on power loss, but data and tracking
     # row are lost together, so replaying the log from the stored offset repairs it.
     connection.execute("PRAGMA synchronous=NORMAL")

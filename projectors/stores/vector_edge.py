@@ -290,7 +290,8 @@ class EdgeVectorModel(VectorModelBase):
 
     def _start_priming(self) -> None:
         points = self._shard.info().points_count - 1  # the tracking point
-        if PRIMED_FROM <= points <= NODE_ID_CACHE_POINTS:
+        # A mismatched model serves no search until a rebuild replaces it.
+        if not self.identity_mismatch and PRIMED_FROM <= points <= NODE_ID_CACHE_POINTS:
             self._primer = threading.Thread(
                 target=self._prime,
                 args=(self._erasures,),
@@ -321,8 +322,16 @@ class EdgeVectorModel(VectorModelBase):
                 break
         with self._live.lock:
             known = self._node_ids
-            if self._erasures == erasures and len(known) + len(found) <= NODE_ID_CACHE_POINTS:
-                known.update(found)
+            fresh = {point: node_id for point, node_id in found.items() if point not in known}
+            if self._erasures == erasures and len(known) + len(fresh) <= NODE_ID_CACHE_POINTS:
+                known.update(fresh)
+
+    def purge(self) -> None:
+        """After an erasure (:func:`erasure.purge_models`): keep no remembered node id,
+        whether or not a batch reached this model (a mismatched one is never applied to)."""
+        with self._live.lock:
+            self._node_ids.clear()
+            self._erasures += 1
 
     def _points(self) -> Iterator[StoredPoint]:
         where = Filter(must_not=[HasIdCondition({_TRACKING_ID})])
@@ -379,3 +388,4 @@ class EdgeVectorModel(VectorModelBase):
                 self._shard.close()
             if self._primer is not None:
                 self._primer.join()  # stops at its next page
+            self._node_ids.clear()
