@@ -352,20 +352,20 @@ async def test_history_and_events_store_the_log_bytes_as_given(
             assert db.execute(f"SELECT record FROM {table}").fetchall() == [(given,)]
 
 
+def partition_zero(settings: Settings, provider: Any) -> Any:
+    """A (not yet opened) shard of partition 0 in ``settings``' data dir."""
+    from prme.projectors.embeddings.validation import identity_of
+    from prme.projectors.shard import Shard
+
+    return Shard(Path(settings.data_dir) / "shards" / "p0", 0, settings, identity_of(provider))
+
+
 async def test_two_callers_opening_a_shard_at_once_open_it_once(
     local_settings: Settings, hashed_provider: Any
 ) -> None:
     import asyncio
 
-    from prme.projectors.embeddings.validation import identity_of
-    from prme.projectors.shard import Shard
-
-    shard = Shard(
-        Path(local_settings.data_dir) / "shards" / "p0",
-        0,
-        local_settings,
-        identity_of(hashed_provider),
-    )
+    shard = partition_zero(local_settings, hashed_provider)
     try:
         await asyncio.gather(shard.ensure_open(), shard.ensure_open())  # no WouldBlock
         assert sorted(shard.models) == ["events", "graph", "history", "lexical", "vector"]
@@ -378,15 +378,7 @@ async def test_a_failing_model_close_still_closes_the_others_and_a_second_close_
 ) -> None:
     import asyncio
 
-    from prme.projectors.embeddings.validation import identity_of
-    from prme.projectors.shard import Shard
-
-    shard = Shard(
-        Path(local_settings.data_dir) / "shards" / "p0",
-        0,
-        local_settings,
-        identity_of(hashed_provider),
-    )
+    shard = partition_zero(local_settings, hashed_provider)
     await shard.ensure_open()
     models = dict(shard.models)
     graph_close = models["graph"].close
@@ -401,12 +393,7 @@ async def test_a_failing_model_close_still_closes_the_others_and_a_second_close_
     assert [type(outcome) for outcome in outcomes] == [OSError, OSError]
     assert shard.models == {}
     # Every other model was closed too: their files open again in a new shard.
-    again = Shard(
-        Path(local_settings.data_dir) / "shards" / "p0",
-        0,
-        local_settings,
-        identity_of(hashed_provider),
-    )
+    again = partition_zero(local_settings, hashed_provider)
     try:
         await again.ensure_open()
         assert sorted(again.models) == sorted(models)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,35 +99,51 @@ class _CountingShard:
         return getattr(self.shard, name)
 
 
+@contextlib.contextmanager
+def counted_reads(model: EdgeVectorModel) -> Iterator[list[int]]:
+    """The sizes of the payload reads made on ``model`` inside the block."""
+    counting = _CountingShard(model._live.shard)
+    model._live.shard = counting  # type: ignore[assignment]
+    try:
+        yield counting.retrieved
+    finally:
+        model._live.shard = counting.shard
+
+
+def alices(count: int) -> list[ProjectedRecord]:
+    return [message(n, basis(1, n / 10), owner="alice") for n in range(count)]
+
+
+def stored(path: Path, items: list[ProjectedRecord]) -> Path:
+    """A closed store at ``path`` holding ``items``."""
+    with EdgeVectorModel(path, IDENTITY) as model:
+        model.apply(items)
+    return path
+
+
 def test_the_node_ids_of_written_points_are_never_read_back(tmp_path: Path) -> None:
-    items = [message(n, basis(1, n / 10), owner="alice") for n in range(6)]
+    items = alices(6)
     with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
         model.apply(items)
-        counting = _CountingShard(model._live.shard)
-        model._live.shard = counting  # type: ignore[assignment]
-        found = model.search(basis(1), "alice", None, 6)
-        assert counting.retrieved == []
-        model._live.shard = counting.shard
+        with counted_reads(model) as reads:
+            found = model.search(basis(1), "alice", None, 6)
+        assert reads == []
     assert set(ids(found)) == {node_of(item) for item in items}
 
 
 def test_a_search_reads_a_points_node_id_only_the_first_time_it_returns_it(
     tmp_path: Path,
 ) -> None:
-    items = [message(n, basis(1, n / 10), owner="alice") for n in range(6)]
-    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
-        model.apply(items)
-    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:  # fewer than PRIMED_FROM
-        assert model._primer is None
-        counting = _CountingShard(model._live.shard)
-        model._live.shard = counting  # type: ignore[assignment]
-        first = model.search(basis(1), "alice", None, 3)
-        assert counting.retrieved == [3]
-        again = model.search(basis(1), "alice", None, 6)
-        assert counting.retrieved == [3, 3]  # only the three it had not returned yet
-        assert model.search(basis(1), "alice", None, 6) == again
-        assert counting.retrieved == [3, 3]
-        model._live.shard = counting.shard
+    items = alices(6)
+    with EdgeVectorModel(stored(tmp_path / "p0", items), IDENTITY) as model:
+        assert model._primer is None  # fewer than PRIMED_FROM
+        with counted_reads(model) as reads:
+            first = model.search(basis(1), "alice", None, 3)
+            assert reads == [3]
+            again = model.search(basis(1), "alice", None, 6)
+            assert reads == [3, 3]  # only the three it had not returned yet
+            assert model.search(basis(1), "alice", None, 6) == again
+            assert reads == [3, 3]
     assert set(ids(first)) < set(ids(again)) == {node_of(item) for item in items}
 
 
@@ -134,28 +151,23 @@ def test_an_opened_shard_reads_its_node_ids_in_the_background(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(vector_edge, "PRIMED_FROM", 4)
-    items = [message(n, basis(1, n / 10), owner="alice") for n in range(6)]
-    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
-        model.apply([*items, message(6, None)])  # a message without a vector has no point
-    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+    items = alices(6)
+    path = stored(tmp_path / "p0", [*items, message(6, None)])  # no vector: no point
+    with EdgeVectorModel(path, IDENTITY) as model:
         assert model._primer is not None
         model._primer.join(timeout=30)
         assert model._node_ids == {
             uuid.UUID(point_id(node_of(item))).int: node_of(item) for item in items
         }
-        counting = _CountingShard(model._live.shard)
-        model._live.shard = counting  # type: ignore[assignment]
-        found = model.search(basis(1), "alice", None, 6)
-        assert counting.retrieved == []
-        model._live.shard = counting.shard
+        with counted_reads(model) as reads:
+            found = model.search(basis(1), "alice", None, 6)
+        assert reads == []
     assert set(ids(found)) == {node_of(item) for item in items}
 
 
 def test_a_priming_overtaken_by_an_erasure_keeps_nothing(tmp_path: Path) -> None:
-    items = [message(n, basis(1, n / 10), owner="alice") for n in range(3)]
-    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
-        model.apply([*items, message(3, basis(1), owner="bob")])
-    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+    path = stored(tmp_path / "p0", [*alices(3), message(3, basis(1), owner="bob")])
+    with EdgeVectorModel(path, IDENTITY) as model:
         started_before = model._erasures
         model.apply([ProjectedRecord(offset=4, record=erased("x4"))])
         model._prime(started_before)  # as a primer thread that read before the erasure
@@ -166,7 +178,7 @@ def test_node_ids_stay_right_when_the_remembered_ids_are_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(vector_edge, "NODE_ID_CACHE_POINTS", 4)
-    items = [message(n, basis(1, n / 10), owner="alice") for n in range(8)]
+    items = alices(8)
     with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
         model.apply(items)
         small = model.search(basis(1), "alice", None, 3)
@@ -178,7 +190,7 @@ def test_node_ids_stay_right_when_the_remembered_ids_are_dropped(
 
 
 def test_an_erasure_drops_the_remembered_node_ids(tmp_path: Path) -> None:
-    items = [message(n, basis(1, n / 10), owner="alice") for n in range(3)]
+    items = alices(3)
     kept = message(3, basis(1), owner="bob")
     with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
         model.apply([*items, kept])
@@ -194,14 +206,12 @@ def test_a_mismatched_store_remembers_no_node_ids_and_a_purge_forgets_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(vector_edge, "PRIMED_FROM", 2)
-    items = [message(n, basis(1, n / 10), owner="alice") for n in range(3)]
-    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
-        model.apply(items)
-    with EdgeVectorModel(tmp_path / "p0", OTHER_VERSION) as mismatched:
+    path = stored(tmp_path / "p0", alices(3))
+    with EdgeVectorModel(path, OTHER_VERSION) as mismatched:
         assert mismatched.identity_mismatch
         assert mismatched._primer is None
         assert mismatched._node_ids == {}
-    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+    with EdgeVectorModel(path, IDENTITY) as model:
         assert model._primer is not None
         model._primer.join(timeout=30)
         assert len(model._node_ids) == 3
