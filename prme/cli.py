@@ -299,7 +299,7 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
 def _project_command(args: argparse.Namespace) -> int:
     from prme.logs import configure
     from prme.query.data_lock import DataDirLock
-    from prme.query.processes import forward_signals
+    from prme.query.processes import supervise
     from prme.schemas.errors import DataDirInUse
 
     configure(args.log_format, tag=f"prme project[{os.getpid()}]")
@@ -332,16 +332,16 @@ def _project_command(args: argparse.Namespace) -> int:
     ports = [
         None if args.metrics_port is None else args.metrics_port + i for i in range(args.workers)
     ]
-    workers = [
-        subprocess.Popen(
+
+    def start(index: int) -> subprocess.Popen[bytes]:
+        port = ports[index]
+        return subprocess.Popen(
             command + ([] if port is None else ["--metrics-port", str(port)]),
             env=lock.child_environment(),
         )
-        for port in ports
-    ]
-    forward_signals(workers)
+
     try:
-        return max(worker.wait() for worker in workers)
+        return supervise(start, args.workers)
     finally:
         lock.release()
 

@@ -81,6 +81,11 @@ class ClusterRouter:
         )
 
     async def start(self) -> None:
+        if not self._secret and self.settings.log.transport == "kafka":
+            _log.warning(
+                "PRME_CLUSTER__SECRET is not set: this node can neither forward requests to "
+                "the other nodes of its group nor answer theirs (give every node one secret)"
+            )
         members = list(self.settings.cluster.static_members)
         if members:
             self._polled = static_map(members, self.transport.partitions)
@@ -246,6 +251,11 @@ class ClusterRouter:
                     ) from error
                 self.metrics.cluster_forwards.labels("unreachable").inc()
             else:
+                if response.status_code == 401:  # the hop, not the client: it was checked
+                    raise NotOwner(
+                        f"partition {partition}: its owner {url} refused this node's cluster "
+                        "secret; every node of a cluster needs the same PRME_CLUSTER__SECRET"
+                    )
                 if not response.headers.get(NOT_OWNER_HEADER):
                     self.metrics.cluster_forwards.labels("forwarded").inc()
                     return response

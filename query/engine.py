@@ -35,6 +35,7 @@ from prme.schemas.errors import (
     Forbidden,
     InvalidInput,
     NotFound,
+    PRMEError,
     ShardUnavailable,
     WriteUnconfirmed,
 )
@@ -282,7 +283,7 @@ class MemoryEngine(MemoryBackend):
         """Wait for appended records to be applied; a failed wait says what was written."""
         try:
             await self.wait_for([result.token for result in results])
-        except (ConsistencyTimeout, ShardUnavailable) as error:
+        except PRMEError as error:  # whatever went wrong, the answer says what was written
             tokens = ", ".join(f"{r.token.partition}:{r.token.offset}" for r in results)
             message = (
                 f"written to the log (tokens {tokens}) but not yet applied: {error}. The "
@@ -290,7 +291,7 @@ class MemoryEngine(MemoryBackend):
             )
             if isinstance(error, ConsistencyTimeout):
                 raise WriteUnconfirmed(message, written=list(results)) from error
-            stopped = ShardUnavailable(message)  # the projector stopped: still a 503
+            stopped = ShardUnavailable(message)  # the projector stopped, or the owner refused
             stopped.written = list(results)
             raise stopped from error
 

@@ -11,19 +11,26 @@ directory (each projects other partitions).
 
 from __future__ import annotations
 
+import collections
+import logging
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 
 from .auth import check_bind_safety
 from .data_lock import DataDirLock
+
+RESTARTS_PER_MINUTE = 5
+_log = logging.getLogger("prme.serve")
 
 
 def serve_processes(settings: Settings, processes: int, options: Sequence[str]) -> int:
@@ -70,37 +77,18 @@ def _serve_children(
     env.setdefault("PRME_CLUSTER__SECRET", settings.cluster.secret or secrets.token_urlsafe(24))
     if settings.embedding.threads is None:  # N model sessions share the cores
         env["PRME_EMBEDDING__THREADS"] = str(max(1, (os.cpu_count() or 1) // processes))
-    children: list[subprocess.Popen[bytes]] = []
-    try:
-        for sock, url in zip(own, urls, strict=True):
-            command = [sys.executable, "-m", "prme.cli", "serve", *options]
-            command += ["--listen-fd", f"{public.fileno()},{sock.fileno()}"]
-            command += ["--advertised-url", url]
-            if settings.log.transport == "local":
-                command += ["--static-members", ",".join(urls)]
-            children.append(
-                subprocess.Popen(command, env=env, pass_fds=(public.fileno(), sock.fileno()))
-            )
-        print(
-            f"prme serve: {processes} processes on http://{shown}:{port} ({', '.join(urls)})",
-            file=sys.stderr,
-            flush=True,
-        )
-        forward_signals(children)
-        codes = [child.wait() for child in children]
-        # A child stopped by the signal it was forwarded ends by that signal (uvicorn
-        # re-raises it after shutting down): a clean stop, not a failure.
-        failed = [c for c in codes if c not in (0, -signal.SIGTERM, -signal.SIGINT)]
-        return failed[0] if failed else 0
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
+
+    def start(index: int) -> subprocess.Popen[bytes]:
+        sock, url = own[index], urls[index]
+        command = [sys.executable, "-m", "prme.cli", "serve", *options]
+        command += ["--listen-fd", f"{public.fileno()},{sock.fileno()}"]
+        command += ["--advertised-url", url]
+        if settings.log.transport == "local":
+            command += ["--static-members", ",".join(urls)]
+        return subprocess.Popen(command, env=env, pass_fds=(public.fileno(), sock.fileno()))
+
+    announced = f"prme serve: {processes} processes on http://{shown}:{port} ({', '.join(urls)})"
+    return supervise(start, processes, announced)
 
 
 def _listen(host: str, port: int, *, any_if_taken: bool = False) -> socket.socket:
@@ -119,19 +107,84 @@ def _listen(host: str, port: int, *, any_if_taken: bool = False) -> socket.socke
     return sock
 
 
-def forward_signals(children: list[subprocess.Popen[bytes]]) -> None:
-    """This process's first SIGINT or SIGTERM becomes one SIGTERM to each child."""
-    forwarded = False
+def supervise(
+    start: Callable[[int], subprocess.Popen[bytes]], count: int, announced: str = ""
+) -> int:
+    """Run ``count`` children (``start(i)``) until SIGINT/SIGTERM, forwarded to them;
+    the first failure's exit status, else 0. A child that exits on its own is started
+    again (as gunicorn does its workers: its partitions would otherwise answer 503, or
+    move to the others, for good); more than ``RESTARTS_PER_MINUTE`` such exits in a
+    minute is a crash loop, which stops the others and returns its status."""
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        children.extend(start(index) for index in range(count))
+        if announced:
+            print(announced, file=sys.stderr, flush=True)
+        return _supervise(children, start, forward_signals(children))
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def _supervise(
+    children: list[subprocess.Popen[bytes]],
+    start: Callable[[int], subprocess.Popen[bytes]],
+    stopping: threading.Event,
+) -> int:
+    """See :func:`supervise`. A child that ends by the signal it was forwarded stopped
+    cleanly (uvicorn re-raises it)."""
+    running = {child.pid: index for index, child in enumerate(children)}
+    exits: collections.deque[float] = collections.deque()
+    failed = 0
+    while running:
+        pid, status = os.wait()
+        index = running.pop(pid, None)
+        if index is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        children[index].returncode = code  # reaped here: Popen must not wait for it again
+        if stopping.is_set():
+            if code not in (0, -signal.SIGTERM, -signal.SIGINT) and not failed:
+                failed = code
+            continue
+        now = time.monotonic()
+        exits.append(now)
+        while exits and exits[0] < now - 60:
+            exits.popleft()
+        if len(exits) > RESTARTS_PER_MINUTE:
+            _log.error("process %d exited with %d again: stopping the others", index, code)
+            stopping.set()
+            for child in children:
+                if child.poll() is None:
+                    child.terminate()
+            failed = failed or code or 1
+            continue
+        _log.error("process %d (pid %d) exited with %d: starting it again", index, pid, code)
+        children[index] = start(index)
+        running[children[index].pid] = index
+    return failed
+
+
+def forward_signals(children: list[subprocess.Popen[bytes]]) -> threading.Event:
+    """This process's first SIGINT or SIGTERM becomes one SIGTERM to each child; the
+    event returned is set from then on."""
+    stopping = threading.Event()
 
     def forward(signum: int, frame: object) -> None:
         # Ctrl-C reaches the children through the process group too; one SIGTERM each
         # covers a signal sent to this process alone. Children stop on the first signal.
-        nonlocal forwarded
-        if not forwarded:
-            forwarded = True
+        if not stopping.is_set():
+            stopping.set()
             for child in children:
                 if child.poll() is None:
                     child.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
+    return stopping

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -276,6 +277,30 @@ def test_processes_split_the_embedded_log_behind_one_port(tmp_path: Path) -> Non
                 )
                 assert retrieved.status_code == 200, retrieved.text
                 assert [r["text"] for r in retrieved.json()["results"]] == [body["content"]]
+            # A member killed outright is started again: its owners answer once more.
+            children = Path("/proc") / str(parent.pid) / "task" / str(parent.pid) / "children"
+            killed = int(children.read_text().split()[0])
+            os.kill(killed, signal.SIGKILL)
+            deadline = time.monotonic() + 180
+            answered: set[str] = set()
+            while len(answered) < 20:
+                assert time.monotonic() < deadline, log.read_text()
+                assert parent.poll() is None, log.read_text()
+                for i in sorted(set(range(20)) - {int(o[5:]) for o in answered}):
+                    owner = f"proc-{i}"
+                    try:
+                        got = http.post(
+                            url + "/v1/retrieve", json={"user_id": owner, "query": "basil"}
+                        )
+                    except httpx.HTTPError:
+                        continue
+                    if got.status_code == 200:
+                        assert [r["text"] for r in got.json()["results"]] == [
+                            f"{owner} grows basil"
+                        ]
+                        answered.add(owner)
+                time.sleep(0.2)  # poll interval while the member starts again
+            assert f"(pid {killed}) exited with -9: starting it again" in log.read_text()
     finally:
         parent.terminate()
         parent.wait(timeout=60)
@@ -319,3 +344,30 @@ def test_a_write_whose_owner_never_answers_says_it_was_written(
     )
     assert audit.returncode == 0, audit.stderr
     assert len(audit.stdout.strip().splitlines()) == 1  # on the log once
+
+
+def test_a_node_without_the_secret_is_named_and_a_write_it_cannot_confirm_says_written(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    # Found by a new user: the write was on the log, yet the answer was a bare 401 that
+    # blamed the client's own credentials.
+    topic = f"nosecret-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")
+    lacking_env = {k: v for k, v in env.items() if k != "PRME_CLUSTER__SECRET"}
+    good, lacking = Node(tmp_path, "good", env), Node(tmp_path, "lacking", lacking_env)
+    with running([good, lacking]):
+        wait_ready([good, lacking])
+        view = wait_split([good, lacking], PARTITIONS)
+        held = {p for m in view["members"] if m["url"] == lacking.url for p in m["partitions"]}
+        assert held, view
+        partition_of = Partitioner(PARTITIONS)
+        owner = next(o for o in (f"o-{i}" for i in range(1000)) if partition_of(o.encode()) in held)
+        body = {"user_id": owner, "content": f"{owner} waters the ferns", "request_id": "r1"}
+        written = good.post("/v1/memories", body)
+        assert written.status_code in (503, 504), written.text
+        assert written.json()["written"][0]["token"], written.text
+        assert "PRME_CLUSTER__SECRET" in written.json()["detail"]
+        read = good.get("/v1/history", params={"user_id": owner})
+        assert read.status_code == 503, read.text
+        assert "PRME_CLUSTER__SECRET" in read.json()["detail"]
+        assert "PRME_CLUSTER__SECRET is not set" in lacking.log()
