@@ -52,6 +52,11 @@ class NotOwner(ShardUnavailable):
     """This node does not own the partition; the map is changing (503, Retry-After)."""
 
 
+class HopRefused(NotOwner):
+    """The partition's owner refused this node's cluster secret: a misconfigured cluster,
+    not a slow one (503)."""
+
+
 class ClusterRouter:
     """The map this node routes with, and the forwarding it does."""
 
@@ -252,7 +257,7 @@ class ClusterRouter:
                 self.metrics.cluster_forwards.labels("unreachable").inc()
             else:
                 if response.status_code == 401:  # the hop, not the client: it was checked
-                    raise NotOwner(
+                    raise HopRefused(
                         f"partition {partition}: its owner {url} refused this node's cluster "
                         "secret; every node of a cluster needs the same PRME_CLUSTER__SECRET"
                     )
@@ -289,6 +294,8 @@ class ClusterRouter:
                     headers={"content-type": "application/json"},
                     timeout_s=max(0.0, remaining),
                 )
+            except HopRefused:
+                raise
             except NotOwner as error:
                 raise ConsistencyTimeout(
                     f"partition {partition} has not applied offset {offset} within "

@@ -12,6 +12,7 @@ directory (each projects other partitions).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import secrets
@@ -30,6 +31,7 @@ from .auth import check_bind_safety
 from .data_lock import DataDirLock
 
 RESTARTS_PER_MINUTE = 5
+RESTART_DELAY_S = 1.0
 _log = logging.getLogger("prme.serve")
 
 
@@ -143,7 +145,10 @@ def _supervise(
     exits: collections.deque[float] = collections.deque()
     failed = 0
     while running:
-        pid, status = os.wait()
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:  # none left to wait for
+            break
         index = running.pop(pid, None)
         if index is None:
             continue
@@ -160,15 +165,27 @@ def _supervise(
         if len(exits) > RESTARTS_PER_MINUTE:
             _log.error("process %d exited with %d again: stopping the others", index, code)
             stopping.set()
-            for child in children:
-                if child.poll() is None:
-                    child.terminate()
+            _terminate(children)
             failed = failed or code or 1
             continue
         _log.error("process %d (pid %d) exited with %d: starting it again", index, pid, code)
+        time.sleep(RESTART_DELAY_S)  # a stop signal meanwhile runs its handler and returns
+        if stopping.is_set():
+            continue
         children[index] = start(index)
         running[children[index].pid] = index
+        if stopping.is_set():  # the signal came while it started: the handler missed it
+            _terminate([children[index]])
     return failed
+
+
+def _terminate(children: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each child not yet reaped. By pid, not ``Popen.poll``: polling would reap a
+    child behind :func:`_supervise`'s ``os.wait``; an unreaped pid is never reused."""
+    for child in children:
+        if child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
 
 
 def forward_signals(children: list[subprocess.Popen[bytes]]) -> threading.Event:
@@ -181,9 +198,7 @@ def forward_signals(children: list[subprocess.Popen[bytes]]) -> threading.Event:
         # covers a signal sent to this process alone. Children stop on the first signal.
         if not stopping.is_set():
             stopping.set()
-            for child in children:
-                if child.poll() is None:
-                    child.send_signal(signal.SIGTERM)
+            _terminate(children)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)

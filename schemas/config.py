@@ -177,6 +177,14 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     failover takes at least this long. A broker allows 6 to 300 s by default
     (``group.min.session.timeout.ms``; the brokers ``deploy/kafka/`` starts allow 2 s)."""
 
+    def __post_init__(self) -> None:
+        secret = self.secret
+        if secret and not (secret.isascii() and secret.isprintable() and secret == secret.strip()):
+            raise ValueError(
+                "cluster.secret must be printable ASCII without surrounding spaces (it "
+                "travels in an HTTP header between the nodes)"
+            )
+
 
 class MetricsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = True

@@ -161,6 +161,9 @@ async def test_audit_shows_an_erased_owners_records_as_envelopes(tmp_path: Path)
         ("PRME_EMBEDDING__QUERY_THREADS", "0", "$.embedding.query_threads"),
         ("PRME_EMBEDDING__BATCH_SIZE", "-3", "$.embedding.batch_size"),
         ("PRME_SCORING__FUSION", "bogus", "$.scoring.fusion"),
+        # A non-ASCII secret used to fail every forwarded request inside httpx (a 500).
+        ("PRME_CLUSTER__SECRET", "héllo", "$.cluster"),
+        ("PRME_CLUSTER__SECRET", " padded ", "$.cluster"),
     ],
 )
 def test_bad_settings_are_one_line_and_write_nothing(

@@ -364,7 +364,7 @@ def test_a_node_without_the_secret_is_named_and_a_write_it_cannot_confirm_says_w
         owner = next(o for o in (f"o-{i}" for i in range(1000)) if partition_of(o.encode()) in held)
         body = {"user_id": owner, "content": f"{owner} waters the ferns", "request_id": "r1"}
         written = good.post("/v1/memories", body)
-        assert written.status_code in (503, 504), written.text
+        assert written.status_code == 503, written.text
         assert written.json()["written"][0]["token"], written.text
         assert "PRME_CLUSTER__SECRET" in written.json()["detail"]
         read = good.get("/v1/history", params={"user_id": owner})

@@ -170,3 +170,29 @@ async def test_standby_replicas_try_again_after_a_failure(
     finally:
         await keeper.close()
         await transport.close()
+
+
+def test_children_that_keep_dying_stop_the_supervisor_with_their_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import signal
+
+    from prme.query import processes
+
+    monkeypatch.setattr(processes, "RESTART_DELAY_S", 0.05)
+    started: list[int] = []
+
+    def start(index: int) -> subprocess.Popen[bytes]:
+        started.append(index)
+        return subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        began = time.monotonic()
+        assert processes.supervise(start, 3) == 3
+        assert time.monotonic() - began < 60
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    # Each exit on its own was met by a start, until the crash loop (more than 5 a minute).
+    assert len(started) == 3 + processes.RESTARTS_PER_MINUTE
