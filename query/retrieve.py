@@ -168,8 +168,9 @@ class Retriever:
         clock: Stopwatch,
     ) -> tuple[dict[str, Ranking], list[ChannelReport], list[float] | None, bool]:
         """Every channel's ranking. The lexical (and graph) channels search on the shard's
-        thread while the query is embedded and then searched by the vector channel on the
-        shard's second thread. Returns the rankings of the channels that ran, a report per
+        thread while the query is embedded and then searched by the vector channel: on the
+        shard's second thread when its model asks for it (``search_beside``), else after
+        them on the shard's thread. Returns the rankings of the channels that ran, a report per
         channel, the query vector (``None`` when the vector channel did not run) and whether
         ``embed_query`` was used. A channel's ``ms`` is its search time, plus the query
         embedding for the vector channel."""
@@ -410,11 +411,9 @@ def _search_one(model: Any, call: Callable[[Any], Any], *, beside: bool = False)
     started = time.perf_counter()
     try:
         hits = call(model)
-    except ModelClosed as error:
-        if beside:
-            raise
-        return _Outcome([], _ms(started), f"ModelClosed: {error}")
     except Exception as error:
+        if beside and isinstance(error, ModelClosed):
+            raise
         return _Outcome([], _ms(started), f"{type(error).__name__}: {error}")
     return _Outcome(hits, _ms(started), None)
 
