@@ -270,6 +270,8 @@ class ProjectorRunner:
         await self._close_parked(keep=partitions)
         ends = await self.transport.end_offsets()
         for partition in sorted(partitions):
+            if self._stopping:  # close() began during an await: its consumer takes no seek
+                return
             how = "kept"
             if partition in self._parked:
                 self.shards[partition] = self._parked.pop(partition)
@@ -289,6 +291,9 @@ class ProjectorRunner:
                     self.shards[partition] = await self._new_shard(partition, lazily=True)
             else:
                 how = "held"
+            if self._stopping:  # close() may have closed its shards already
+                await self._close_shard(partition)
+                return
             assert self._consumer is not None
             self._takeovers.setdefault(partition, Takeover(began, how))
             self._consumer.seek(partition, self.shards[partition].applied_offset() + 1)

@@ -75,3 +75,44 @@ async def test_an_undecodable_record_on_kafka_goes_to_the_dead_letter_topic(
     kafka_settings: Settings, hashed_provider: Any
 ) -> None:
     await check_dead_letter_path(kafka_settings, hashed_provider)
+
+
+async def test_a_runner_closed_while_its_first_assignment_opens_a_shard_stops_cleanly(
+    kafka_settings: Settings, hashed_provider: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close() during the group's first assignment: the assignment must not seek on the
+    closed consumer (it logged "kafka consumer is not started"), and every shard it opened
+    is closed."""
+    from prme.producers.factory import open_transport
+    from prme.projectors.runner import ProjectorRunner
+
+    transport = open_transport(kafka_settings)
+    await transport.start()
+    runner = ProjectorRunner(kafka_settings, transport, hashed_provider)
+    opening = asyncio.Event()
+    release = asyncio.Event()
+    opened: list[Any] = []
+    new_shard = runner._new_shard
+
+    async def slow_new_shard(partition: int, *, lazily: bool) -> Any:
+        opening.set()
+        await release.wait()
+        shard = await new_shard(partition, lazily=lazily)
+        opened.append(shard)
+        return shard
+
+    runner._new_shard = slow_new_shard  # type: ignore[method-assign]
+    try:
+        starting = asyncio.create_task(runner.start())
+        await asyncio.wait_for(opening.wait(), 60)
+        closing = asyncio.create_task(runner.close())
+        await asyncio.sleep(0.5)
+        release.set()
+        await asyncio.wait_for(closing, 60)
+        await asyncio.wait_for(starting, 60)
+    finally:
+        release.set()
+        await transport.close()
+    assert "consumer is not started" not in caplog.text
+    assert all(shard._closed is not None and shard._closed.done() for shard in opened)
+    assert runner.shards == {}
