@@ -8,6 +8,7 @@ consumer reads (which has stepped over the markers), never ``end - 1 - applied``
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ async def partition_statuses(
                 lag_records=lag,
                 lag_seconds=age,
                 dead_letters=runner.dead_letters_by_partition.get(partition, 0),
-                size_bytes=_model_sizes(shard.directory) if sizes else {},
+                size_bytes=model_sizes(shard.directory) if sizes else {},
             )
         )
     return statuses
@@ -132,10 +133,18 @@ def record_statuses(metrics: Metrics, statuses: list[PartitionStatus]) -> None:
         metrics.applied_offset.labels(label).set(status.applied_offset)
 
 
-def _model_sizes(directory: Path) -> dict[str, int]:
+def model_sizes(directory: Path) -> dict[str, int]:
+    """Bytes on disk per read model directory under a shard ``directory``: the blocks
+    allocated, as ``du`` counts them (qdrant's files are sparse: their apparent size is
+    several times what they take)."""
     if not directory.exists():
         return {}
     sizes: dict[str, int] = {}
     for model in sorted(p for p in directory.iterdir() if p.is_dir()):
-        sizes[model.name] = sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
+        sizes[model.name] = sum(_allocated(f.stat()) for f in model.rglob("*") if f.is_file())
     return sizes
+
+
+def _allocated(stat: os.stat_result) -> int:
+    blocks = getattr(stat, "st_blocks", None)  # absent on Windows
+    return stat.st_size if blocks is None else blocks * 512

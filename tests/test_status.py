@@ -117,3 +117,15 @@ async def test_status_on_kafka_names_the_group_members(
 async def test_status_without_a_service_says_so(unused_tcp_port: int) -> None:
     code, _, err = await prme_status("--url", f"http://127.0.0.1:{unused_tcp_port}")
     assert code == 1 and "no PRME service answers" in err
+
+
+def test_sizes_count_the_blocks_a_sparse_file_takes_not_its_length(tmp_path: Any) -> None:
+    from prme.projectors.status import model_sizes
+
+    model = tmp_path / "shard" / "vector"
+    model.mkdir(parents=True)
+    with open(model / "segment.dat", "wb") as handle:  # qdrant preallocates sparse files
+        handle.truncate(64 * 1024 * 1024)
+        handle.write(b"x" * 4096)
+    sizes = model_sizes(tmp_path / "shard")
+    assert 4096 <= sizes["vector"] < 1024 * 1024
