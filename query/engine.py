@@ -276,18 +276,24 @@ class MemoryEngine(MemoryBackend):
             for receipt, record in zip(receipts, records, strict=True)
         ]
         if wait:
-            await self._confirm(results)
+            retry = (
+                "a retry with the same request_id writes nothing"
+                if all(record.request_id for record in records)
+                else "do not send it again: without a request_id a retry writes it twice"
+            )
+            await self._confirm(results, retry)
         return results
 
-    async def _confirm(self, results: list[StoreResult]) -> None:
-        """Wait for appended records to be applied; a failed wait says what was written."""
+    async def _confirm(self, results: list[StoreResult], retry: str) -> None:
+        """Wait for appended records to be applied; a failed wait says what was written
+        and what a ``retry`` would do."""
         try:
             await self.wait_for([result.token for result in results])
         except PRMEError as error:  # whatever went wrong, the answer says what was written
             tokens = ", ".join(f"{r.token.partition}:{r.token.offset}" for r in results)
             message = (
                 f"written to the log (tokens {tokens}) but not yet applied: {error}. The "
-                "write will be applied; a retry with the same request_id writes nothing"
+                f"write will be applied; {retry}"
             )
             if isinstance(error, ConsistencyTimeout):
                 raise WriteUnconfirmed(message, written=list(results)) from error
@@ -348,7 +354,8 @@ class MemoryEngine(MemoryBackend):
     async def _finish(self, receipt: AppendReceipt, node_ids: list[str], wait: bool) -> StoreResult:
         result = StoreResult(event_id=receipt.event_id, node_ids=node_ids, token=receipt.position)
         if wait:
-            await self._confirm([result])
+            # Control records change a state: sending one again changes nothing more.
+            await self._confirm([result], "a retry changes nothing more")
         return result
 
     # -- reading -----------------------------------------------------------------------

@@ -333,6 +333,10 @@ def test_a_write_whose_owner_never_answers_says_it_was_written(
         again = router.post("/v1/memories", body)  # a retry with the same request_id
         assert again.status_code == 504
         assert again.json()["written"][0]["token"] == token
+        assert "same request_id writes nothing" in first.json()["detail"]
+        bare = router.post("/v1/memories", {"user_id": "orphan", "content": "no request id"})
+        assert bare.status_code == 504, bare.text
+        assert "without a request_id a retry writes it twice" in bare.json()["detail"]
         read = router.get("/v1/history", params={"user_id": "orphan"})
         assert read.status_code == 503 and read.headers["retry-after"], read.text
     audit = subprocess.run(
@@ -343,7 +347,7 @@ def test_a_write_whose_owner_never_answers_says_it_was_written(
         timeout=120,
     )
     assert audit.returncode == 0, audit.stderr
-    assert len(audit.stdout.strip().splitlines()) == 1  # on the log once
+    assert len(audit.stdout.strip().splitlines()) == 2  # each write on the log once
 
 
 def test_a_node_without_the_secret_is_named_and_a_write_it_cannot_confirm_says_written(
