@@ -10,7 +10,9 @@ After a batch is applied, :class:`Forgetting` (one per runner, shared by its sha
   in its files: SQLite models checkpoint and truncate their WAL (``secure_delete`` is on,
   so deleted rows are overwritten), the lexical index is rewritten without deleted
   documents. A model without ``purge`` keeps nothing of the text (the vector payloads
-  hold ids and timestamps only).
+  hold ids and timestamps only). A vector store of another embedding identity, which is
+  applied no batch until ``prme rebuild --model vector``, deletes the owner's points
+  here (``forget_owners``).
 
 The erased owners are noted in ``<shard>/erasures.pending`` before the models apply the
 batch and the note is removed after the purge, so a crash in between purges when the
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +41,13 @@ if TYPE_CHECKING:
     from .shard import Shard
 
 
-def purge_models(models: Iterable[Any]) -> None:
-    """Call ``purge()`` on each model that has one (on the shard's thread)."""
+def purge_models(models: Iterable[Any], owners: Sequence[str] = ()) -> None:
+    """Call ``purge()`` on each model that has one (on the shard's thread); a vector store
+    waiting for its rebuild first deletes the erased ``owners``' points."""
     for model in models:
+        forget = getattr(model, "forget_owners", None)
+        if owners and callable(forget):
+            forget(owners)
         purge = getattr(model, "purge", None)
         if callable(purge):
             purge()
@@ -93,7 +99,7 @@ class Forgetting:
                 self.keys.forget(owner)
         if self._cache is not None:
             await asyncio.to_thread(self._cache.drop_owners, owners)
-        await shard.run(purge_models, list(shard.models.values()))
+        await shard.run(purge_models, list(shard.models.values()), owners)
         (shard.directory / PENDING).unlink(missing_ok=True)
         self.purges += 1
 

@@ -305,3 +305,37 @@ async def test_a_pack_written_before_sealing_stays_readable_and_its_models_still
         await check_bob_intact(engine, bob)
     finally:
         await engine.close()
+
+
+async def test_a_vector_store_waiting_for_its_rebuild_still_forgets_an_erased_owner(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    """Opened with another embedding model, the vector store answers nothing until
+    ``prme rebuild --model vector``; an erasure meanwhile must still leave its files."""
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+
+    data_dir = local_settings.data_path
+    alice, bob = markers()
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=hashed_provider
+    ) as engine:
+        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+    other_model = HashedBagOfWordsProvider(dimension=32)
+    async with await MemoryEngine.open(
+        settings=local_settings, embedding_provider=other_model
+    ) as engine:
+        partition = partition_for_key(b"alice", 4)
+        shard = engine.runner.shards[partition]
+        assert shard.vector_mismatch
+        vectors = shard.models["vector"]  # its points hold ids and timestamps, no text
+        assert await shard.run(vectors.count, "alice") == 2
+        await engine.erase_owner("alice")
+        assert files_holding(data_dir, alice) == []
+        assert await shard.run(vectors.count, "alice") == 0
+        assert await shard.run(vectors.count, BOB) == 2
+        assert shard.vector_mismatch  # still waiting for its rebuild
+        await engine.rebuild(models=["vector"])
+        assert not engine.runner.shards[partition].vector_mismatch
+        assert files_holding(data_dir, alice) == []
+        found = await engine.retrieve(f"vault code {bob}", BOB)
+        assert any(bob in result.text for result in found.results)

@@ -244,6 +244,14 @@ class VectorModelBase(ABC):
         self._write(ops, tracking)
         self._tracking = tracking
 
+    def forget_owners(self, owners: Sequence[str]) -> None:
+        """Delete every point of ``owners`` (erased) from a store of another identity,
+        which is applied no batch until its rebuild: the erasure's deletes must reach it
+        all the same. The tracking record stays as it is."""
+        owners = [owner for owner in owners if owner]
+        if owners and self.identity_mismatch and self._tracking is not None:
+            self._write([EraseOwner(owner) for owner in owners], self._tracking)
+
     def search(
         self,
         vector: list[float],
