@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -161,6 +162,18 @@ def new_event_id() -> str:
     return str(uuid_utils.uuid7())
 
 
+_REQUEST_EVENTS = uuid.UUID("5f0c2a57-61f3-4bd4-9d4e-8f3b7e1a2c90")
+"""The namespace of the event ids derived from request ids (any fixed UUID)."""
+
+
+def request_event_id(owner: str, request_id: str) -> str:
+    """The event id of ``owner``'s write ``request_id``: a UUIDv5 of its dedupe key, the
+    same each time the write is sent. So a retry the log deduplicates answers with the
+    first write's ids, and one it does not (sent through another process) is the same
+    event again, which every read model applies once."""
+    return str(uuid.uuid5(_REQUEST_EVENTS, dedupe_key(owner, request_id)))
+
+
 class Producer:
     """Builds and validates records, then appends them through a :class:`LogTransport`."""
 
@@ -202,7 +215,12 @@ class Producer:
         for name in ("content", "tool_calls", "metadata", "fields"):
             check_numbers(getattr(draft, name), f"$.{name}")
         fields = msgspec.structs.asdict(draft)
-        fields.update(kind="message", event_id=new_event_id(), recorded_at=_now())
+        event_id = (
+            request_event_id(draft.owner, draft.request_id)
+            if isinstance(draft.request_id, str) and draft.request_id
+            else new_event_id()
+        )
+        fields.update(kind="message", event_id=event_id, recorded_at=_now())
         message = _convert(fields, Message)
         self._check_content_size(message)
         return message

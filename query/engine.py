@@ -277,7 +277,7 @@ class MemoryEngine(MemoryBackend):
         ]
         if wait:
             retry = (
-                "a retry with the same request_id writes nothing"
+                "a retry with the same request_id is applied once"
                 if all(record.request_id for record in records)
                 else "do not send it again: without a request_id a retry writes it twice"
             )

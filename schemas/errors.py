@@ -50,7 +50,7 @@ class WriteUnconfirmed(ConsistencyTimeout):
     """Records were appended to the log, but waiting for them to be applied timed out.
 
     ``written`` holds what was appended (ids and consistency tokens): the write is on the
-    log and will be applied; a retry with the same ``request_id`` writes nothing."""
+    log and will be applied; a retry with the same ``request_id`` is applied once."""
 
     def __init__(self, message: str, written: list[object] | None = None) -> None:
         super().__init__(message)

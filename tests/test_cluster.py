@@ -333,7 +333,7 @@ def test_a_write_whose_owner_never_answers_says_it_was_written(
         again = router.post("/v1/memories", body)  # a retry with the same request_id
         assert again.status_code == 504
         assert again.json()["written"][0]["token"] == token
-        assert "same request_id writes nothing" in first.json()["detail"]
+        assert "same request_id is applied once" in first.json()["detail"]
         bare = router.post("/v1/memories", {"user_id": "orphan", "content": "no request id"})
         assert bare.status_code == 504, bare.text
         assert "without a request_id a retry writes it twice" in bare.json()["detail"]

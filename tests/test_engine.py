@@ -221,7 +221,12 @@ async def test_a_retried_write_with_the_same_request_id_is_stored_once(
     first = await engine.store("Pay the invoice.", "alice", request_id="req-1")
     again = await engine.store("Pay the invoice.", "alice", request_id="req-1")
     assert again.token == first.token
+    assert (again.event_id, again.node_ids) == (first.event_id, first.node_ids)
     assert texts(await engine.retrieve("invoice", "alice")) == ["Pay the invoice."]
+    await engine.archive(again.node_ids[0], "alice")  # the ids the retry got are real
+    assert texts(await engine.retrieve("invoice", "alice")) == []
+    other = await engine.store("Pay the invoice.", "bob", request_id="req-1")
+    assert other.event_id != first.event_id  # request ids are per owner
 
 
 async def test_bundle_packs_to_the_token_budget_edge(engine: MemoryEngine) -> None:

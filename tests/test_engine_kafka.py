@@ -116,3 +116,34 @@ async def test_a_runner_closed_while_its_first_assignment_opens_a_shard_stops_cl
     assert "consumer is not started" not in caplog.text
     assert all(shard._closed is not None and shard._closed.done() for shard in opened)
     assert runner.shards == {}
+
+
+async def test_a_retry_through_another_process_is_the_same_event_applied_once(
+    kafka_settings: Settings, hashed_provider: Any
+) -> None:
+    """A second process's producer does not know the first one's request ids, so the
+    retry reaches the log again; it carries the same event id, and every read model
+    applies it once."""
+    from prme.producers.factory import open_transport
+    from prme.producers.producer import Producer
+
+    async with await MemoryEngine.create(
+        settings=kafka_settings, embedding_provider=hashed_provider
+    ) as engine:
+        draft = MessageDraft(
+            owner="alice", session_id="s1", content="Renew the passport.", request_id="renew-1"
+        )
+        first = await engine.add_messages("alice", "s1", [draft])
+        other = open_transport(kafka_settings)
+        await other.start()
+        try:
+            again = await Producer(other).append_message(draft)
+        finally:
+            await other.close()
+        assert again.position != first[0].token  # written twice: another process's dedupe
+        assert again.event_id == first[0].event_id
+        await engine.wait_for([again.position])
+        history = await engine.history("alice", "s1")
+        assert [m.content for m in history] == ["Renew the passport."]
+        found = await engine.retrieve("passport", "alice")
+        assert [r.text for r in found.results] == ["Renew the passport."]
