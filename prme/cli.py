@@ -97,6 +97,12 @@ async def _ingest(args: argparse.Namespace) -> int:
             builder.shutdown(cancel_futures=True)
     for error in summary.errors:
         print(f"{args.file}:{error.line}: {error.error}", file=sys.stderr)
+    if summary.stopped_at is not None:
+        print(
+            f"{args.file}: stopped at line {summary.stopped_at}: the lines before it are "
+            "written, none from it on (--on-error skip passes over bad lines)",
+            file=sys.stderr,
+        )
     print(
         msgspec.json.encode(
             {k: v for k, v in msgspec.structs.asdict(summary).items() if k != "errors"}
@@ -448,7 +454,8 @@ line format (JSON lines, one message per line):
   time        when it happened (RFC 3339; default: unknown)
   metadata    a JSON object kept with the record
   request_id  idempotency key: a line ingested again with the same owner and
-              request_id is not written twice (on Kafka: within one process)
+              request_id is applied once (on Kafka a second run appends it again,
+              as the same event, which the read models apply once)
 Unknown fields are refused. '-' reads standard input."""
 
 
@@ -468,7 +475,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ingest.add_argument("file", help="JSONL file, one message per line ('-' for stdin)")
-    ingest.add_argument("--on-error", choices=["skip", "stop"], default="stop")
+    ingest.add_argument(
+        "--on-error",
+        choices=["skip", "stop"],
+        default="stop",
+        help="at a bad line: stop (default; the lines before it are written, none from it "
+        "on) or skip it and go on; exit status 1 when it stopped",
+    )
     ingest.add_argument("--batch-size", type=int, default=500)
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_log_options(ingest)

@@ -44,11 +44,15 @@ class IngestSummary(msgspec.Struct, frozen=True, kw_only=True):
     written: int
     """Records appended (lines whose request_id was already on the log excluded)."""
     skipped: int
+    """Bad lines passed over (``on_error="skip"``)."""
     seconds: float
     records_per_s: float
     errors: list[LineError]
     duplicates: int = 0
     """Lines whose (owner, request_id) was already on the log: not written again."""
+    stopped_at: int | None = None
+    """The bad line that stopped the ingest (``on_error="stop"``): every line before it
+    is written, none from it on."""
 
 
 _line_decoder = msgspec.json.Decoder(IngestLine)
@@ -60,7 +64,17 @@ def draft_from_line(line: bytes | str, producer: Producer) -> Any:
         parsed = _line_decoder.decode(line)
     except msgspec.DecodeError as error:
         raise InvalidInput(str(error)) from error
-    return producer.build_message(MessageDraft(**msgspec.structs.asdict(parsed)))
+    try:
+        return producer.build_message(MessageDraft(**msgspec.structs.asdict(parsed)))
+    except InvalidInput as error:  # name the fields as the line spells them
+        message = str(error)
+        for field, spelled in _LINE_NAMES.items():
+            message = message.replace(f"$.{field}", f"$.{spelled}")
+        raise InvalidInput(message) from error
+
+
+_LINE_NAMES = {"session_id": "session", "occurred_at": "time"}
+"""The draft fields a line spells otherwise (``IngestLine``)."""
 
 
 async def ingest_lines(
@@ -75,8 +89,8 @@ async def ingest_lines(
 ) -> IngestSummary:
     """Validate each line, append in batches with at most ``max_in_flight`` batches pending.
 
-    With ``on_error="stop"`` the first bad line stops the ingest: earlier batches stay
-    written, the batch holding the bad line is not appended. With ``builder`` (see
+    With ``on_error="stop"`` the first bad line stops the ingest: every line before it
+    is written, none from it on (the summary's ``stopped_at``). With ``builder`` (see
     ``ingest_build.builder_process``) lines are built there, a few chunks ahead, while
     this process sends: the same records and batches, built on another core.
     """
@@ -102,7 +116,6 @@ async def ingest_lines(
             functools.partial(producer.append_records, records, atomic=False), len(records)
         )
 
-    stopped = False
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -112,17 +125,14 @@ async def ingest_lines(
         except InvalidInput as error:
             errors.append(LineError(number, str(error)))
             if on_error == "stop":
-                stopped = True
                 break
             continue
         if len(batch) >= batch_size:
             await flush()
-    if stopped:
-        batch = []
     await flush()
     await sender.drain()
     duplicates = getattr(producer.transport, "dedupe_hits", 0) - hits_before
-    return _summary(started, count, sender.written - duplicates, errors, duplicates)
+    return _summary(started, count, sender.written - duplicates, errors, on_error, duplicates)
 
 
 def _report(progress: Callable[[int], None], count: int, _task: asyncio.Task[Any]) -> None:
@@ -161,13 +171,20 @@ class _InFlight:
 
 
 def _summary(
-    started: float, count: int, written: int, errors: list[LineError], duplicates: int = 0
+    started: float,
+    count: int,
+    written: int,
+    errors: list[LineError],
+    on_error: Literal["skip", "stop"],
+    duplicates: int = 0,
 ) -> IngestSummary:
     seconds = time.perf_counter() - started
+    stopped = on_error == "stop" and bool(errors)
     return IngestSummary(
         lines=count,
         written=written,
-        skipped=len(errors),
+        skipped=0 if stopped else len(errors),
+        stopped_at=errors[0].line if stopped else None,
         seconds=seconds,
         records_per_s=written / seconds if seconds > 0 else 0.0,
         errors=errors,
@@ -311,8 +328,6 @@ async def _ingest_built(
         for future in pending:
             future.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    if not going:
-        batch, event_ids, unsealed = [], [], []
     await flush()
     await sender.drain()
-    return _summary(started, count, sender.written, errors)
+    return _summary(started, count, sender.written, errors, on_error)

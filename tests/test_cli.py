@@ -89,7 +89,11 @@ def test_ingest_stops_at_the_first_bad_line_by_default(tmp_path: Path) -> None:
     result = prme("ingest", str(source), "--quiet", *data)
     assert result.returncode == 1
     assert f"{source}:2:" in result.stderr and "role" in result.stderr
-    assert audit("alice", data) == []
+    assert "stopped at line 2" in result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["written"], summary["skipped"], summary["stopped_at"]) == (1, 0, 2)
+    # The line before the bad one is written, the one after it is not.
+    assert [row["record"]["content"] for row in audit("alice", data)] == ["first"]
 
 
 def test_help_is_plain_text_and_ingest_help_gives_the_line_format() -> None:

@@ -4,11 +4,12 @@ the same records in the same order, the same batches, the same errors and stop r
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from prme.producers.ingest import ingest_lines
+from prme.producers.ingest import draft_from_line, ingest_lines
 from prme.producers.ingest_build import BUILD_CHUNK, build_lines, builder_process, decode_built
 from prme.producers.keys import LocalKeyStore
 from prme.producers.local_log import LocalLogTransport
@@ -16,6 +17,7 @@ from prme.producers.producer import Producer
 from prme.producers.sealing import keys_for
 from prme.schemas.codec import decode_record
 from prme.schemas.config import LimitsSettings
+from prme.schemas.errors import InvalidInput
 from prme.schemas.sealing import Sealer, is_sealed, new_data_key
 
 
@@ -74,8 +76,9 @@ async def test_built_lines_give_the_same_log_and_summary(tmp_path: Path, on_erro
     )
     assert built.errors == plain.errors
     assert [e.line for e in built.errors] == ([1234, 4100] if on_error == "skip" else [1234])
-    if on_error == "stop":  # two full batches went out; the one holding line 1234 did not
-        assert built.written == 1000
+    assert built.stopped_at == plain.stopped_at == (1234 if on_error == "stop" else None)
+    if on_error == "stop":  # every line before line 1234 (one of them blank), none after
+        assert built.written == 1232
 
 
 def test_the_worker_seals_the_records_of_the_owners_whose_keys_it_is_given() -> None:
@@ -167,3 +170,9 @@ def test_prme_ingest_builds_a_large_file_in_a_worker_and_writes_every_line(tmp_p
     assert summary["lines"] == count - blank
     assert summary["written"] == count - blank - 1 and summary["skipped"] == 1
     assert f"{source}:4321:" in result.stderr
+
+
+def test_a_bad_line_names_its_fields_as_the_file_spells_them() -> None:
+    producer = Producer(LocalLogTransport(Path(os.devnull), 1))
+    with pytest.raises(InvalidInput, match=r"at `\$\.session`"):
+        draft_from_line(b'{"owner": "a", "content": "x", "session": ""}', producer)
