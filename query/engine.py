@@ -46,7 +46,7 @@ from prme.schemas.tracing import Tracing
 from .backend import MemoryBackend
 from .cluster import ClusterRouter
 from .data_lock import DataDirLock
-from .http_types import MAX_TOP_K, RetrieveRequest, StoreRequest
+from .http_types import MAX_TOP_K, RetrieveRequest, StoreRequest, checked
 from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
 from .retrieve import Retriever
 from .tokens import TokenCounter
@@ -403,6 +403,7 @@ class MemoryEngine(MemoryBackend):
 
     async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
         """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""
+        request = checked(request)
         if not request.query or not request.query.strip():
             raise InvalidInput("query must not be empty")
         if not 1 <= request.top_k <= MAX_TOP_K:

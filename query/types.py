@@ -30,6 +30,8 @@ class MemoryResult(msgspec.Struct, frozen=True, kw_only=True):
     semantic_relevance: float | None
     """Cosine similarity to the query, when the vector channel produced one."""
     metadata: dict[str, Any] = {}
+    """About the retrieval (``min_score_skipped``), not the memory: the metadata it was
+    stored with is in its event (``get_event(event_id)``)."""
 
 
 class Bundle(msgspec.Struct, frozen=True, kw_only=True):

@@ -46,6 +46,10 @@ class MemoryBackendContract:
             await backend.retrieve("   ", "alice")
         with pytest.raises(InvalidInput, match="top_k"):
             await backend.retrieve("cat", "alice", top_k=0)
+        with pytest.raises(InvalidInput, match="top_k"):
+            await backend.retrieve("cat", "alice", top_k="5")  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match="token_budget"):
+            await backend.retrieve("cat", "alice", token_budget=None)  # type: ignore[arg-type]
 
     async def test_a_batch_is_atomic_and_a_bad_draft_writes_nothing(
         self, backend: MemoryBackend
