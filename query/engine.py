@@ -406,6 +406,12 @@ class MemoryEngine(MemoryBackend):
         request = checked(request)
         if not request.query or not request.query.strip():
             raise InvalidInput("query must not be empty")
+        size = len(request.query.encode("utf-8", "surrogatepass"))
+        if size > self.settings.limits.max_query_bytes:
+            raise InvalidInput(
+                f"query is {size} bytes, over the limit of {self.settings.limits.max_query_bytes}"
+                " (limits.max_query_bytes) - at $.query"
+            )
         if not 1 <= request.top_k <= MAX_TOP_K:
             raise InvalidInput(
                 f"top_k must be between 1 and {MAX_TOP_K}, got {request.top_k} - at $.top_k"

@@ -125,6 +125,9 @@ class LimitsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_metadata_bytes: int = 16 * 1024
     max_batch_records: int = 1000
     max_body_bytes: int = 4 * 1024 * 1024
+    max_query_bytes: int = 16 * 1024
+    """A retrieve's query, UTF-8 (the model reads its first 256 tokens anyway; every word
+    of a longer one is a lexical clause, and its analysis holds the event loop)."""
 
 
 class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

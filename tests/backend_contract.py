@@ -50,6 +50,8 @@ class MemoryBackendContract:
             await backend.retrieve("cat", "alice", top_k="5")  # type: ignore[arg-type]
         with pytest.raises(InvalidInput, match="token_budget"):
             await backend.retrieve("cat", "alice", token_budget=None)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match="max_query_bytes"):
+            await backend.retrieve("cat " * 5000, "alice")
 
     async def test_a_batch_is_atomic_and_a_bad_draft_writes_nothing(
         self, backend: MemoryBackend
