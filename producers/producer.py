@@ -6,6 +6,7 @@ Validation happens before anything is appended: a bad record raises
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid
@@ -162,6 +163,17 @@ def new_event_id() -> str:
     return str(uuid_utils.uuid7())
 
 
+def replacement_request_id(request_ids: Sequence[str | None]) -> str | None:
+    """The request id of a replacement's marker when every new message has one: a retried
+    replacement is then one event again (its marker too), not a second clear that hides
+    the messages it repeats. ``None`` for an empty replacement (a clear) or one with a
+    message without a request id."""
+    chosen = [r for r in request_ids if isinstance(r, str) and r]
+    if not request_ids or len(chosen) != len(request_ids):
+        return None
+    return f"replace:{hashlib.blake2b(msgspec.msgpack.encode(chosen), digest_size=16).hexdigest()}"
+
+
 _REQUEST_EVENTS = uuid.UUID("5f0c2a57-61f3-4bd4-9d4e-8f3b7e1a2c90")
 """The namespace of the event ids derived from request ids (any fixed UUID)."""
 
@@ -242,14 +254,18 @@ class Producer:
     ) -> list[Record]:
         """A ``history_replaced`` marker followed by the new messages (append atomically)."""
         check_owner(owner)
+        request_id = replacement_request_id([draft.request_id for draft in drafts])
         marker = _convert(
             {
                 "kind": "history_replaced",
                 "owner": owner,
                 "session_id": session_id,
                 "scope": scope,
-                "event_id": new_event_id(),
+                "event_id": (
+                    new_event_id() if request_id is None else request_event_id(owner, request_id)
+                ),
                 "recorded_at": _now(),
+                "request_id": request_id,
                 "message_count": len(drafts),
             },
             HistoryReplaced,

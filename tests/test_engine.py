@@ -229,6 +229,24 @@ async def test_a_retried_write_with_the_same_request_id_is_stored_once(
     assert other.event_id != first.event_id  # request ids are per owner
 
 
+async def test_a_retried_replacement_whose_messages_have_request_ids_changes_nothing(
+    engine: MemoryEngine,
+) -> None:
+    await engine.add_messages(
+        "alice", "s1", [MessageDraft(owner="alice", session_id="s1", content="old")]
+    )
+    drafts = [
+        MessageDraft(owner="alice", session_id="s1", content=f"new {i}", request_id=f"n{i}")
+        for i in range(2)
+    ]
+    first = await engine.replace_history("alice", "s1", drafts)
+    again = await engine.replace_history("alice", "s1", drafts)  # the marker too: one event
+    assert [r.event_id for r in again] == [r.event_id for r in first]
+    assert [m.content for m in await engine.history("alice", "s1")] == ["new 0", "new 1"]
+    await engine.replace_history("alice", "s1", [])  # a clear: no request id, always applied
+    assert await engine.history("alice", "s1") == []
+
+
 async def test_bundle_packs_to_the_token_budget_edge(engine: MemoryEngine) -> None:
     await engine.store("alpha beta gamma delta", "alice")
     full = await engine.retrieve("alpha", "alice")

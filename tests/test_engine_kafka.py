@@ -147,3 +147,21 @@ async def test_a_retry_through_another_process_is_the_same_event_applied_once(
         assert [m.content for m in history] == ["Renew the passport."]
         found = await engine.retrieve("passport", "alice")
         assert [r.text for r in found.results] == ["Renew the passport."]
+
+        # A replacement retried elsewhere: its clear marker is the same event too, so the
+        # repeated messages are not hidden behind a second clear.
+        drafts = [
+            MessageDraft(owner="alice", session_id="s1", content=f"new {i}", request_id=f"n{i}")
+            for i in range(2)
+        ]
+        await engine.replace_history("alice", "s1", drafts)
+        other = open_transport(kafka_settings)
+        await other.start()
+        try:
+            producer = Producer(other)
+            records = producer.build_replacement("alice", "s1", "default", drafts)
+            receipts = await producer.append_records(records)
+        finally:
+            await other.close()
+        await engine.wait_for([receipt.position for receipt in receipts])
+        assert [m.content for m in await engine.history("alice", "s1")] == ["new 0", "new 1"]
