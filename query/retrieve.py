@@ -368,6 +368,9 @@ class Retriever:
             cosines.update(scored)
             nodes.update(read_nodes)
             for node_id, score in chunk:
+                node = nodes.get(node_id)
+                if node is not None and not node.text.strip():
+                    continue  # no text to recall (an image-only or tool-call-only message)
                 if min_score is None or _passes(fusion, min_score, score, cosines.get(node_id)):
                     head.append((node_id, score))
                     if len(head) == top_k:

@@ -268,3 +268,29 @@ async def test_the_callers_settings_are_not_modified(
     ) as engine:
         assert engine.embedding_config.dimension == hashed_provider.dimension
     assert local_settings == snapshot
+
+
+async def test_a_message_without_text_is_never_a_retrieved_memory(engine: MemoryEngine) -> None:
+    """A tool-call-only turn or an image-only message is in the history, but a memory
+    with no text answers no query: it used to fill unrelated recalls as a blank line."""
+    await engine.store_many(
+        [
+            MessageDraft(
+                owner="alice",
+                session_id="s1",
+                role="assistant",
+                content="",
+                tool_calls=[{"id": "c1", "name": "lookup", "args": {"q": "weather"}}],
+            ),
+            MessageDraft(
+                owner="alice",
+                session_id="s1",
+                content=[{"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}],
+            ),
+            MessageDraft(owner="alice", session_id="s1", content="The harbour opens at nine."),
+        ]
+    )
+    assert len(await engine.history("alice", "s1")) == 3
+    for query in ("harbour", "something unrelated entirely", "weather lookup"):
+        found = await engine.retrieve(query, "alice", top_k=10)
+        assert [r.text for r in found.results] == ["The harbour opens at nine."], query
