@@ -52,6 +52,11 @@ class NotOwner(ShardUnavailable):
     """This node does not own the partition; the map is changing (503, Retry-After)."""
 
 
+class ServedByWorker(NotOwner):
+    """The partition's owner is a ``prme project`` worker, which serves no requests: a
+    misconfigured group, not a slow one (503 at once)."""
+
+
 class HopRefused(NotOwner):
     """The partition's owner refused this node's cluster secret: a misconfigured cluster,
     not a slow one (503)."""
@@ -179,12 +184,13 @@ class ClusterRouter:
             owner = None if cluster_map is None else cluster_map.owner(partition)
             if owner and owner != self.url:
                 return owner
+            if owner == "":  # a settled map: waiting for a change would only wait it out
+                raise ServedByWorker(
+                    f"partition {partition} is projected by a `prme project` worker, which "
+                    "serves no requests: run the workers in a group of their own, or serve "
+                    "the partitions with `prme serve`"
+                )
             if remaining <= 0:
-                if owner == "":
-                    raise NotOwner(
-                        f"partition {partition} is projected by a `prme project` worker, which "
-                        "serves no requests: give it an advertised URL (`prme serve`)"
-                    )
                 raise NotOwner(
                     f"no node serves partition {partition} yet (the group is rebalancing); "
                     f"waited {timeout_s:.1f}s"
@@ -294,7 +300,7 @@ class ClusterRouter:
                     headers={"content-type": "application/json"},
                     timeout_s=max(0.0, remaining),
                 )
-            except HopRefused:
+            except (HopRefused, ServedByWorker):
                 raise
             except NotOwner as error:
                 raise ConsistencyTimeout(

@@ -375,3 +375,54 @@ def test_a_node_without_the_secret_is_named_and_a_write_it_cannot_confirm_says_w
         assert read.status_code == 503, read.text
         assert "PRME_CLUSTER__SECRET" in read.json()["detail"]
         assert "PRME_CLUSTER__SECRET is not set" in lacking.log()
+
+
+def test_partitions_a_project_worker_holds_answer_503_at_once(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A `prme project` worker in a serving node's group holds partitions nobody serves:
+    requests for them are refused at once, naming the worker, not after the whole wait."""
+    topic = f"worker-{uuid.uuid4().hex[:8]}"
+    env = node_env(
+        kafka_bootstrap,
+        topic,
+        f"{topic}-group",
+        PRME_LOG__PARTITIONS="4",
+        PRME_QUERY__CONSISTENCY_TIMEOUT_S="30",
+    )
+    node = Node(tmp_path, "node", env)
+    worker_log = tmp_path / "worker.log"
+    with running([node]), open(worker_log, "wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "prme.cli", "project", "--data-dir", str(tmp_path / "w")],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while True:  # until the group splits the partitions between the two
+                try:
+                    view = node.get("/v1/cluster").json()
+                except httpx.HTTPError:
+                    view = {"members": []}
+                held = {m["url"]: m["partitions"] for m in view["members"]}
+                if held.get("") and held.get(node.url):
+                    break
+                assert time.monotonic() < deadline, (view, node.log(), worker_log.read_text())
+                time.sleep(0.5)  # poll interval while the group rebalances
+            partitioner = Partitioner(4)
+            owner = next(
+                f"user{i}" for i in range(200) if partitioner(f"user{i}".encode()) in held[""]
+            )
+            started = time.monotonic()
+            read = node.get("/v1/history", params={"user_id": owner})
+            written = node.post("/v1/memories", {"user_id": owner, "content": "held elsewhere"})
+            assert time.monotonic() - started < 10  # not the 30 s consistency timeout
+            assert read.status_code == 503 and "prme project" in read.json()["detail"], read.text
+            assert written.status_code == 503, written.text
+            assert written.json()["written"][0]["token"]
+            assert "prme project" in written.json()["detail"]
+        finally:
+            worker.terminate()
+            worker.wait(timeout=60)
