@@ -37,6 +37,7 @@ from .embeddings.protocol import EmbeddingIdentity
 from .erasure import Forgetting
 from .model import ModelClosed, ModelName, ProjectedRecord, ReadModel
 from .registry import MODEL_NAMES, ModelContext, ReadModelSpec, open_read_model, read_models
+from .repeats import FirstCopies
 
 if TYPE_CHECKING:
     from .vector_changelog import VectorChangelog
@@ -99,6 +100,7 @@ class Shard:
         self._specs = read_models(models)
         self.position = -1
         """The last offset this shard has processed (applied or dead-lettered)."""
+        self._first_copies = FirstCopies()
 
     def publish_vectors_to(self, changelog: VectorChangelog | None) -> None:
         """Start (or stop) publishing computed vectors: a standby promoted to owner."""
@@ -279,7 +281,8 @@ class Shard:
                     sealed=None if plain is entry.value else entry.value,
                 )
             )
-        return dead, projected
+        events = self.models.get("events")
+        return dead, self._first_copies.keep(projected, getattr(events, "first_copies", None))
 
     async def _with_vectors(
         self, projected: list[ProjectedRecord], vector_offset: int, encode: VectorEncoder

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,10 @@ _INSERT = (
     "recorded_at, node_ids, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(event_id) DO NOTHING"
 )
+
+
+_LOOKUP_CHUNK = 500
+"""Event ids per query (SQLite limits the parameters of one statement)."""
 
 
 class EventRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,6 +104,19 @@ class EventsModel(SqliteModel):
             json.dumps(node_ids),
             item.data if item.data is not None else encode_record(record),
         )
+
+    def first_copies(self, event_ids: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """``(offset, owner)`` of each of ``event_ids`` this model holds."""
+        found: dict[str, tuple[int, str]] = {}
+        unique = list(dict.fromkeys(event_ids))
+        for start in range(0, len(unique), _LOOKUP_CHUNK):
+            chunk = unique[start : start + _LOOKUP_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for event_id, offset, owner in self._query(
+                f"SELECT event_id, offset, owner FROM events WHERE event_id IN ({marks})", chunk
+            ):
+                found[event_id] = (offset, owner)
+        return found
 
     def get(self, event_id: str) -> EventRow | None:
         rows = self._query(f"SELECT {_COLUMNS} FROM events WHERE event_id = ?", (event_id,))
