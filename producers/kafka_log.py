@@ -48,6 +48,10 @@ class _DedupeCache:
             self._positions.move_to_end(key)
         return position
 
+    def forget(self, prefix: str) -> None:
+        for key in [key for key in self._positions if key.startswith(prefix)]:
+            del self._positions[key]
+
     def put(self, key: str, position: Position) -> None:
         self._positions[key] = position
         self._positions.move_to_end(key)
@@ -242,6 +246,9 @@ class KafkaLogTransport:
             "append",
         )
         return Position(metadata.partition, metadata.offset)
+
+    async def forget_dedupe(self, prefix: str) -> None:
+        self._dedupe.forget(prefix)
 
     async def append_many(self, items: Sequence[LogItem], *, atomic: bool = True) -> list[Position]:
         """Append all items in one Kafka transaction: every item is committed or none is.

@@ -163,6 +163,14 @@ class LocalLogTransport(SqliteThread):
         self.dedupe_hits += hits
         return positions
 
+    async def forget_dedupe(self, prefix: str) -> None:
+        await self._run(self._forget_dedupe, prefix)
+
+    def _forget_dedupe(self, prefix: str) -> None:
+        self._require_connection().execute(
+            "DELETE FROM dedupe WHERE substr(dedupe_key, 1, ?) = ?", (len(prefix), prefix)
+        )
+
     async def read(self, partition: int, offset: int, max_records: int = 500) -> list[LogEntry]:
         self._check_partition(partition)
         rows = await self._run(self._read, partition, offset, max_records)

@@ -85,6 +85,11 @@ class LogTransport(Protocol):
         """Records of ``partition`` from ``offset`` on (at most ``max_records``), in order."""
         ...
 
+    async def forget_dedupe(self, prefix: str) -> None:
+        """Forget the dedupe keys starting with ``prefix`` (an erased owner's: its next
+        write with a request id it used before is a new write)."""
+        ...
+
     async def end_offsets(self) -> dict[int, int]:
         """For each partition, the offset the next record will get."""
         ...

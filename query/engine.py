@@ -19,6 +19,7 @@ from prme.producers.producer import (
     Producer,
     check_history,
     check_supersede,
+    dedupe_key,
 )
 from prme.producers.transport import LogTransport, Position
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
@@ -349,6 +350,7 @@ class MemoryEngine(MemoryBackend):
         again deletes it."""
         receipt = await self._producer.append_control("owner_erased", user_id)
         await self.runner.keys.erase(user_id)
+        await self._transport.forget_dedupe(dedupe_key(user_id, ""))
         return await self._finish(receipt, [], wait)
 
     async def _finish(self, receipt: AppendReceipt, node_ids: list[str], wait: bool) -> StoreResult:

@@ -106,3 +106,20 @@ async def test_after_an_erasure_the_same_request_id_is_a_new_write(
         assert [r.text for r in (await engine.retrieve("penguin", "alice")).results] == [
             "new note penguin"
         ]
+
+
+async def test_an_erased_owner_writing_a_request_id_again_is_written(
+    tmp_path: Any, hashed_provider: Any
+) -> None:
+    """The local log's dedupe table forgets the erased owner's request ids: the same id
+    after the erasure was answered with the erased write's position and written nowhere."""
+    settings = Settings(data_dir=str(tmp_path / "pack")).replace(log={"partitions": 1})
+    async with await MemoryEngine.create(
+        settings=settings, embedding_provider=hashed_provider
+    ) as engine:
+        first = await engine.store("old note walrus", "alice", request_id="n1")
+        await engine.erase_owner("alice")
+        again = await engine.store("new note penguin", "alice", request_id="n1")
+        assert again.token != first.token
+        found = await engine.retrieve("penguin", "alice")
+        assert [r.text for r in found.results] == ["new note penguin"]

@@ -112,6 +112,16 @@ class TransportContract:
         values = [v for _, _, v in await _read_all(transport, first.partition)]
         assert values.count(b"once") == 1
 
+    async def test_forgotten_dedupe_keys_are_written_again(self, transport: LogTransport) -> None:
+        first = await transport.append(_item("alice", "old", dedupe_key="alice\x1freq-1"))
+        kept = await transport.append(_item("alicia", "hers", dedupe_key="alicia\x1freq-1"))
+        await transport.forget_dedupe("alice\x1f")  # alice was erased
+        again = await transport.append(_item("alice", "new", dedupe_key="alice\x1freq-1"))
+        assert again != first
+        assert await transport.append(_item("alicia", "x", dedupe_key="alicia\x1freq-1")) == kept
+        repeat = await transport.append(_item("alice", "new", dedupe_key="alice\x1freq-1"))
+        assert repeat == again
+
     async def test_records_survive_close_and_reopen(self, settings: Settings) -> None:
         first = open_transport(settings)
         await first.start()
