@@ -213,6 +213,7 @@ async def _ingest_built(
     )
 
     started = time.perf_counter()
+    hits_before = getattr(producer.transport, "dedupe_hits", 0)
     loop = asyncio.get_running_loop()
     errors: list[LineError] = []
     sender = _InFlight(max_in_flight, progress)
@@ -330,4 +331,5 @@ async def _ingest_built(
         await asyncio.gather(*pending, return_exceptions=True)
     await flush()
     await sender.drain()
-    return _summary(started, count, sender.written, errors, on_error)
+    duplicates = getattr(producer.transport, "dedupe_hits", 0) - hits_before
+    return _summary(started, count, sender.written - duplicates, errors, on_error, duplicates)

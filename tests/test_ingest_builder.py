@@ -176,3 +176,27 @@ def test_a_bad_line_names_its_fields_as_the_file_spells_them() -> None:
     producer = Producer(LocalLogTransport(Path(os.devnull), 1))
     with pytest.raises(InvalidInput, match=r"at `\$\.session`"):
         draft_from_line(b'{"owner": "a", "content": "x", "session": ""}', producer)
+
+
+async def test_a_file_ingested_again_counts_its_lines_as_duplicates_either_way(
+    tmp_path: Path,
+) -> None:
+    lines = [
+        json.dumps({"owner": f"u{i % 3}", "content": f"line {i}", "request_id": f"r{i}"}).encode()
+        for i in range(50)
+    ]
+    transport = LocalLogTransport(tmp_path / "log.sqlite3", 4)
+    await transport.start()
+    outcomes = []
+    try:
+        for built in (False, True, False, True):
+            builder = builder_process() if built else None
+            try:
+                summary = await ingest_lines(lines, Producer(transport), builder=builder)
+            finally:
+                if builder is not None:
+                    builder.shutdown()
+            outcomes.append((summary.written, summary.duplicates))
+    finally:
+        await transport.close()
+    assert outcomes == [(50, 0), (0, 50), (0, 50), (0, 50)]
