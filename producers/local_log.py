@@ -167,9 +167,20 @@ class LocalLogTransport(SqliteThread):
         await self._run(self._forget_dedupe, prefix)
 
     def _forget_dedupe(self, prefix: str) -> None:
-        self._require_connection().execute(
-            "DELETE FROM dedupe WHERE substr(dedupe_key, 1, ?) = ?", (len(prefix), prefix)
-        )
+        # A range on the primary key: the keys starting with ``prefix`` sort below the
+        # prefix with its last character one higher (SQLite compares text as UTF-8 bytes,
+        # which keeps code-point order).
+        connection = self._require_connection()
+        last = ord(prefix[-1]) if prefix else 0x10FFFF
+        if last >= 0x10FFFF or 0xD7FF <= last < 0xE000:  # no next character to bound by
+            connection.execute(
+                "DELETE FROM dedupe WHERE substr(dedupe_key, 1, ?) = ?", (len(prefix), prefix)
+            )
+        else:
+            connection.execute(
+                "DELETE FROM dedupe WHERE dedupe_key >= ? AND dedupe_key < ?",
+                (prefix, prefix[:-1] + chr(last + 1)),
+            )
 
     async def read(self, partition: int, offset: int, max_records: int = 500) -> list[LogEntry]:
         self._check_partition(partition)

@@ -9,64 +9,118 @@ texts. So the shard drops it before any model sees it.
 
 "Already applied" is what the shard's events model holds (event id, offset, owner). A
 staged shard without an events model (a rebuild of other models) replays its partition
-from the start, so it remembers the request-carrying event ids it has seen itself. A copy
-at the offset the first copy was applied at is a replay after a crash, and is kept. An
-erasure forgets the owner's events, so a write after it is new again.
+from offset 0 and notes the request-carrying events it applies in ``first_copies.sqlite3``
+in its own directory: the staging directory, which every staged shard of that rebuild
+(a worker's, then the parent's that applies the rest) opens, and which goes with it. A
+copy at the offset its first copy was applied at is a replay after a crash, and is kept.
+An erasure forgets the owner's events, so a write after it is new again.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from prme.producers.sqlite_files import connect_wal
 from prme.schemas.records import OwnerErased
 
 from .model import ProjectedRecord
 
-Lookup = Callable[[Sequence[str]], dict[str, tuple[int, str]]]
-"""``(offset, owner)`` of each given event id already applied (``EventsModel.first_copies``)."""
+FirstCopy = tuple[int, str]
+"""``(offset, owner)`` of an event's first copy."""
+Lookup = Callable[[Sequence[str]], dict[str, FirstCopy]]
+"""The first copy of each given event id already applied (``EventsModel.first_copies``)."""
+FILE_NAME = "first_copies.sqlite3"
+_LOOKUP_CHUNK = 500
 
 
 class FirstCopies:
-    """Drops the later copies of an event from a shard's batches."""
+    """Drops the later copies of an event from a shard's batches (use on the shard's
+    thread)."""
 
-    def __init__(self) -> None:
-        self._seen: dict[str, tuple[int, str]] = {}
-        """Without an events model: the request-carrying events projected so far."""
+    def __init__(self, directory: Path) -> None:
+        """``directory``: the shard's, where a shard without an events model keeps what it
+        applied."""
+        self._path = directory / FILE_NAME
+        self._db: sqlite3.Connection | None = None
 
     def keep(
         self, projected: list[ProjectedRecord], lookup: Lookup | None
     ) -> list[ProjectedRecord]:
         """``projected`` without the records whose event was applied at an earlier offset
-        (by ``lookup``, or in this batch)."""
+        (by ``lookup``, by this shard's own notes without one, or earlier in the batch)."""
+        erased = [p.record.owner for p in projected if isinstance(p.record, OwnerErased)]
         ids = [p.record.event_id for p in projected if p.record.request_id]
         if not ids:
-            return self._forget_erased(projected)
-        if lookup is not None:
-            known = lookup(ids)
-        else:
-            known = {i: self._seen[i] for i in ids if i in self._seen}
+            if erased and lookup is None:
+                self._forget(erased)
+            return projected
+        known = lookup(ids) if lookup is not None else self._lookup(ids)
         kept: list[ProjectedRecord] = []
+        firsts: list[tuple[str, int, str]] = []
         for item in projected:
             record = item.record
             if isinstance(record, OwnerErased):
-                known = {i: seen for i, seen in known.items() if seen[1] != record.owner}
-                self._forget(record.owner)
+                known = {i: first for i, first in known.items() if first[1] != record.owner}
+                firsts = [first for first in firsts if first[2] != record.owner]
+                if lookup is None:
+                    self._forget([record.owner])
             elif record.request_id:
                 first = known.get(record.event_id)
                 if first is not None and first[0] < item.offset:
                     continue
                 known[record.event_id] = (item.offset, record.owner)
-                if lookup is None:
-                    self._seen[record.event_id] = (item.offset, record.owner)
+                firsts.append((record.event_id, item.offset, record.owner))
             kept.append(item)
+        if lookup is None and firsts:
+            self._note(firsts)
         return kept
 
-    def _forget_erased(self, projected: list[ProjectedRecord]) -> list[ProjectedRecord]:
-        for item in projected:
-            if isinstance(item.record, OwnerErased):
-                self._forget(item.record.owner)
-        return projected
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
-    def _forget(self, owner: str) -> None:
-        if self._seen:
-            self._seen = {i: seen for i, seen in self._seen.items() if seen[1] != owner}
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            db = connect_wal(self._path, timeout_s=5.0)
+            db.execute("PRAGMA synchronous=OFF")  # a rebuild's scratch: it starts over anyway
+            db.executescript(
+                "CREATE TABLE IF NOT EXISTS first_copies (event_id TEXT PRIMARY KEY, "
+                "offset INTEGER NOT NULL, owner TEXT NOT NULL);"
+                "CREATE INDEX IF NOT EXISTS first_copies_owner ON first_copies (owner);"
+            )
+            self._db = db
+        return self._db
+
+    def _lookup(self, ids: Sequence[str]) -> dict[str, FirstCopy]:
+        if self._db is None and not self._path.exists():
+            return {}
+        db = self._connection()
+        found: dict[str, FirstCopy] = {}
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), _LOOKUP_CHUNK):
+            chunk = unique[start : start + _LOOKUP_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows = db.execute(
+                f"SELECT event_id, offset, owner FROM first_copies WHERE event_id IN ({marks})",
+                chunk,
+            )
+            found.update((event_id, (offset, owner)) for event_id, offset, owner in rows)
+        return found
+
+    def _note(self, firsts: list[tuple[str, int, str]]) -> None:
+        db = self._connection()
+        db.execute("BEGIN")
+        db.executemany("INSERT OR IGNORE INTO first_copies VALUES (?, ?, ?)", firsts)
+        db.execute("COMMIT")
+
+    def _forget(self, owners: list[str]) -> None:
+        if self._db is None and not self._path.exists():
+            return
+        db = self._connection()
+        db.execute("BEGIN")
+        db.executemany("DELETE FROM first_copies WHERE owner = ?", [(o,) for o in owners])
+        db.execute("COMMIT")

@@ -100,7 +100,7 @@ class Shard:
         self._specs = read_models(models)
         self.position = -1
         """The last offset this shard has processed (applied or dead-lettered)."""
-        self._first_copies = FirstCopies()
+        self._first_copies = FirstCopies(directory)
 
     def publish_vectors_to(self, changelog: VectorChangelog | None) -> None:
         """Start (or stop) publishing computed vectors: a standby promoted to owner."""
@@ -362,6 +362,7 @@ class Shard:
                 except Exception as error:
                     failure = failure or error
             self.models.clear()
+            self._first_copies.close()
             if self._owns_vectors:
                 self._vectors.close()
             if failure is not None:

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from prme import MemoryEngine, MessageDraft
+from prme.producers.partitioner import partition_for_key
 from prme.producers.producer import log_item
 from prme.projectors import rebuild_worker
 from prme.schemas.config import Settings
@@ -25,6 +26,10 @@ async def append_again(engine: MemoryEngine, records: list[Record]) -> None:
     await engine.wait_for(positions)
 
 
+def digests(engine: MemoryEngine) -> dict[int, dict[str, str]]:
+    return {p: shard.digests() for p, shard in sorted(engine.runner.shards.items())}
+
+
 def draft(owner: str, content: str, request_id: str, session_id: str = "s") -> MessageDraft:
     return MessageDraft(owner=owner, session_id=session_id, content=content, request_id=request_id)
 
@@ -37,7 +42,8 @@ async def check_state(engine: MemoryEngine, archived: str, session: list[str]) -
     assert [r.text for r in found.results] == ["I like apples."]
     history = [m.content for m in await engine.history("bob", "s")]
     assert history == ["message 0", "message 1", "message 2"]
-    edges = await engine.runner.shards[0].call(
+    shard = engine.runner.shards[engine.runner.transport.partition_for(b"bob")]
+    edges = await shard.call(
         "graph",
         lambda graph: sorted(
             {
@@ -55,7 +61,9 @@ async def test_a_repeated_event_is_applied_once_live_and_in_every_rebuild(
     tmp_path: Any, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rebuild_worker, "MIN_RECORDS_PER_WORKER", 1)  # rebuild in workers
-    settings = Settings(data_dir=str(tmp_path / "pack")).replace(log={"partitions": 1})
+    # Two partitions, so that two worker processes stage them; each ends with a repeat.
+    settings = Settings(data_dir=str(tmp_path / "pack")).replace(log={"partitions": 2})
+    assert len({partition_for_key(owner, 2) for owner in (b"alice", b"bob")}) == 2
     async with await MemoryEngine.create(
         settings=settings, embedding_provider=hashed_provider
     ) as engine:
@@ -75,15 +83,15 @@ async def test_a_repeated_event_is_applied_once_live_and_in_every_rebuild(
         )
         await append_again(engine, [producer.build_message(d) for d in session])
         await check_state(engine, vault.event_id, ids)
-        digests = engine.runner.shards[0].digests()
-
-        await engine.rebuild(models=["vector", "graph"])  # staged without the events model
-        await check_state(engine, vault.event_id, ids)
-        assert engine.runner.shards[0].digests() == digests
-        await engine.rebuild(processes=2)
-        assert engine.runner.shards[0].digests() == digests
-        await engine.rebuild(processes=1)
-        assert engine.runner.shards[0].digests() == digests
+        live = digests(engine)
+        # Staged without the events model, in worker processes and in this one; then all.
+        for models, processes in ((["vector", "graph"], 2), (["vector", "lexical"], 1)):
+            await engine.rebuild(models=models, processes=processes)
+            assert digests(engine) == live, (models, processes)
+            await check_state(engine, vault.event_id, ids)
+        for processes in (2, 1):
+            await engine.rebuild(processes=processes)
+            assert digests(engine) == live, processes
         await check_state(engine, vault.event_id, ids)
 
 
