@@ -33,7 +33,6 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import (
     ConfigurationError,
     ConsistencyTimeout,
-    Forbidden,
     InvalidInput,
     NotFound,
     PRMEError,
@@ -458,25 +457,26 @@ class MemoryEngine(MemoryBackend):
         )
 
     async def get_event(self, event_id: str, user_id: str) -> EventView:
-        """The original record of an event of ``user_id`` (control events included)."""
-        for partition, shard in await self._shards_owner_first(user_id):
-            row = await shard.call("events", lambda events: events.get(event_id))
-            if row is None:
-                continue
-            if row.owner != user_id:
-                raise Forbidden(f"event {event_id} belongs to another owner")
-            return EventView(
-                event_id=row.event_id,
-                kind=row.kind,
-                owner=row.owner,
-                session_id=row.session_id,
-                scope=row.scope,
-                partition=partition,
-                offset=row.offset,
-                node_ids=list(row.node_ids),
-                record=row.record,
-            )
-        raise NotFound(f"no event {event_id} for owner {user_id}")
+        """The original record of an event of ``user_id`` (control events included).
+
+        Another owner's event is NotFound, as an unknown one: an event id derived from a
+        request id (``producer.request_event_id``) can be computed, and a different answer
+        would tell whether that owner sent that request."""
+        shard = await self.runner.shard_for(user_id)  # an owner's events are in its partition
+        row = await shard.call("events", lambda events: events.get(event_id))
+        if row is None or row.owner != user_id:
+            raise NotFound(f"no event {event_id} for owner {user_id}")
+        return EventView(
+            event_id=row.event_id,
+            kind=row.kind,
+            owner=row.owner,
+            session_id=row.session_id,
+            scope=row.scope,
+            partition=shard.partition,
+            offset=row.offset,
+            node_ids=list(row.node_ids),
+            record=row.record,
+        )
 
     async def get_event_nodes(self, event_id: str, user_id: str) -> list[str]:
         """The ids of the nodes derived from an event (provenance)."""
@@ -507,7 +507,8 @@ class MemoryEngine(MemoryBackend):
         return replayed
 
     async def _check_node(self, node_id: str, user_id: str) -> None:
-        """Refuse a node of another owner (Forbidden) or one that does not exist (NotFound)."""
+        """Refuse a node that is not one of ``user_id``'s (NotFound, also for another
+        owner's: see :meth:`get_event`)."""
         if not node_id.startswith("mem:"):
             raise NotFound(f"no memory node {node_id!r}")
         await self.get_event(node_id.removeprefix("mem:"), user_id)
@@ -515,13 +516,6 @@ class MemoryEngine(MemoryBackend):
         state = await shard.call("graph", lambda graph: graph.node_state(user_id, node_id))
         if state is None:
             raise NotFound(f"no node {node_id} for owner {user_id}")
-
-    async def _shards_owner_first(self, user_id: str) -> list[tuple[int, Any]]:
-        own = await self.runner.shard_for(user_id)
-        others = [
-            (p, s) for p, s in sorted(self.runner.shards.items()) if s is not own and s.models
-        ]
-        return [(own.partition, own), *others]
 
 
 def metrics_from(settings: Settings) -> Metrics:

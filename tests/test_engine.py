@@ -10,7 +10,7 @@ import pytest
 from prme import MemoryEngine, MessageDraft
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.schemas.config import Settings
-from prme.schemas.errors import Forbidden, InvalidInput, NotFound
+from prme.schemas.errors import InvalidInput, NotFound
 
 
 @pytest.fixture
@@ -138,12 +138,18 @@ async def test_superseded_memory_gives_way_to_its_replacement(engine: MemoryEngi
     ]
 
 
-async def test_another_owners_event_or_node_is_refused(engine: MemoryEngine) -> None:
-    stored = await engine.store("Alice's plan.", "alice")
+async def test_another_owners_event_or_node_is_as_good_as_unknown(engine: MemoryEngine) -> None:
+    stored = await engine.store("Alice's plan.", "alice", request_id="plan-1")
     await engine.store("Bob's plan.", "bob")
-    with pytest.raises(Forbidden):
+    with pytest.raises(NotFound) as refused:
         await engine.get_event(stored.event_id, "bob")
-    with pytest.raises(Forbidden):
+    with pytest.raises(NotFound) as unknown:
+        await engine.get_event("01a22b27-0000-7000-8000-000000000000", "bob")
+    # The same answer: bob cannot tell whether alice sent request "plan-1".
+    assert str(refused.value).replace(stored.event_id, "X") == str(unknown.value).replace(
+        "01a22b27-0000-7000-8000-000000000000", "X"
+    )
+    with pytest.raises(NotFound):
         await engine.archive(stored.node_ids[0], "bob")
     with pytest.raises(NotFound):
         await engine.get_event("01a22b27-0000-7000-8000-000000000000", "alice")

@@ -15,7 +15,7 @@ from prme.query.engine import MemoryEngine
 from prme.query.http_client import HttpMemoryBackend
 from prme.query.service import create_app
 from prme.schemas.config import Settings
-from prme.schemas.errors import Forbidden
+from prme.schemas.errors import Forbidden, NotFound
 
 from .conftest import keyed_engine
 
@@ -125,14 +125,15 @@ async def test_key_of_one_owner_cannot_act_for_another(
         response = await http.request(method, path, headers=ALICE, **options)
         assert response.status_code == 403, (method, path, response.text)
         assert response.json()["error"] == "forbidden"
-    # Naming herself while asking for bob's event by id: the engine refuses it too.
+    # Naming herself while asking for bob's event by id: not hers, so not found (an event
+    # id can derive from a request id; a 403 would tell that bob sent that request).
     for path in (f"/v1/events/{event_id}", f"/v1/events/{event_id}/nodes"):
         response = await http.get(path, params={"user_id": "alice"}, headers=ALICE)
-        assert response.status_code == 403, response.text
+        assert response.status_code == 404, response.text
     archived = await http.post(
         f"/v1/nodes/{node_id}/archive", json={"user_id": "alice"}, headers=ALICE
     )
-    assert archived.status_code == 403
+    assert archived.status_code == 404
     assert await log_size(engine) == before
 
 
@@ -167,8 +168,10 @@ async def test_open_service_when_no_keys_are_configured(tmp_path: Path) -> None:
 async def test_backend_raises_the_auth_errors_of_the_service(engine: MemoryEngine) -> None:
     async with backend(engine, "key-alice") as alice, backend(engine, "key-bob") as bob:
         bobs = await bob.store("bob keeps bees", "bob")
-        with pytest.raises(Forbidden):
+        with pytest.raises(NotFound):
             await alice.get_event(bobs.event_id, "alice")
+        with pytest.raises(Forbidden):
+            await alice.get_event(bobs.event_id, "bob")
         with pytest.raises(Forbidden):
             await alice.retrieve("bees", "bob")
     async with backend(engine, "") as anonymous:
