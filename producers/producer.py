@@ -163,15 +163,22 @@ def new_event_id() -> str:
     return str(uuid_utils.uuid7())
 
 
-def replacement_request_id(request_ids: Sequence[str | None]) -> str | None:
-    """The request id of a replacement's marker when every new message has one: a retried
-    replacement is then one event again (its marker too), not a second clear that hides
-    the messages it repeats. ``None`` for an empty replacement (a clear) or one with a
-    message without a request id."""
-    chosen = [r for r in request_ids if isinstance(r, str) and r]
-    if not request_ids or len(chosen) != len(request_ids):
+def replacement_request_id(session_id: str, scope: str, messages: Sequence[Message]) -> str | None:
+    """The request id of a replacement whose messages carry request ids (any of them):
+    a hash of the history and of each message (its request id, or its content when it has
+    none), so the same replacement sent again is the same events, marker included.
+    ``None`` when no message has one (the replacement is new each time it is sent)."""
+    if not any(message.request_id for message in messages):
         return None
-    return f"replace:{hashlib.blake2b(msgspec.msgpack.encode(chosen), digest_size=16).hexdigest()}"
+    material = [
+        message.request_id
+        or [message.role, message.name, message.content, message.tool_calls, message.metadata]
+        for message in messages
+    ]
+    digest = hashlib.blake2b(
+        msgspec.msgpack.encode([session_id, scope, material]), digest_size=16
+    ).hexdigest()
+    return f"replace:{digest}"
 
 
 _REQUEST_EVENTS = uuid.UUID("5f0c2a57-61f3-4bd4-9d4e-8f3b7e1a2c90")
@@ -252,9 +259,22 @@ class Producer:
     def build_replacement(
         self, owner: str, session_id: str, scope: str, drafts: Sequence[MessageDraft]
     ) -> list[Record]:
-        """A ``history_replaced`` marker followed by the new messages (append atomically)."""
+        """A ``history_replaced`` marker followed by the new messages (append atomically).
+
+        When a message carries a request id, the replacement is one idempotent write: the
+        marker's request id derives from the whole replacement (``replacement_request_id``)
+        and each message's becomes ``<that>:<index>``. A retry is then the same events, and
+        a later replacement repeating a message's request id writes that message anew
+        (its own request id would name the earlier event, which the new clear hides)."""
         check_owner(owner)
-        request_id = replacement_request_id([draft.request_id for draft in drafts])
+        check_history(owner, session_id, scope, drafts, REPLACEMENT_MISMATCH)
+        messages = [self.build_message(draft) for draft in drafts]
+        request_id = replacement_request_id(session_id, scope, messages)
+        if request_id is not None:
+            messages = [
+                self.build_message(msgspec.structs.replace(draft, request_id=f"{request_id}:{i}"))
+                for i, draft in enumerate(drafts)
+            ]
         marker = _convert(
             {
                 "kind": "history_replaced",
@@ -270,8 +290,7 @@ class Producer:
             },
             HistoryReplaced,
         )
-        check_history(owner, session_id, scope, drafts, REPLACEMENT_MISMATCH)
-        return [marker, *(self.build_message(draft) for draft in drafts)]
+        return [marker, *messages]
 
     async def sealing_keys(self, owners: Iterable[str]) -> dict[str, DataKey] | None:
         """The keys this producer would seal ``owners``' records with now (created where

@@ -249,6 +249,18 @@ async def test_a_retried_replacement_whose_messages_have_request_ids_changes_not
     again = await engine.replace_history("alice", "s1", drafts)  # the marker too: one event
     assert [r.event_id for r in again] == [r.event_id for r in first]
     assert [m.content for m in await engine.history("alice", "s1")] == ["new 0", "new 1"]
+    # A message without a request id in it: the retry is still the same events.
+    mixed = [*drafts, MessageDraft(owner="alice", session_id="s1", content="no id")]
+    for _ in range(2):
+        await engine.replace_history("alice", "s1", mixed)
+    assert [m.content for m in await engine.history("alice", "s1")] == ["new 0", "new 1", "no id"]
+    # Another replacement repeating the request ids: its messages are written anew.
+    grown = [
+        *drafts,
+        MessageDraft(owner="alice", session_id="s1", content="new 2", request_id="n2"),
+    ]
+    await engine.replace_history("alice", "s1", grown)
+    assert [m.content for m in await engine.history("alice", "s1")] == ["new 0", "new 1", "new 2"]
     await engine.replace_history("alice", "s1", [])  # a clear: no request id, always applied
     assert await engine.history("alice", "s1") == []
 
