@@ -263,6 +263,7 @@ class KafkaLogTransport:
         positions: list[Position | None] = [None] * len(items)
         batch_keys: dict[str, int] = {}
         to_write: list[int] = []
+        pending: dict[int, asyncio.Future[Position]] = {}  # keys another append is writing
         for index, item in enumerate(items):
             key = item.dedupe_key
             known = self._dedupe.get(key) if key is not None else None
@@ -272,21 +273,46 @@ class KafkaLogTransport:
             elif key is not None and key in batch_keys:
                 self.dedupe_hits += 1
                 continue  # a repeat inside the batch: filled from its first occurrence
+            elif key is not None and key in self._in_flight:
+                pending[index] = self._in_flight[key]
+                self.dedupe_hits += 1
             else:
                 if key is not None:
                     batch_keys[key] = index
                 to_write.append(index)
         if to_write:
-            written = await self._send_transaction([items[i] for i in to_write])
+            written = await self._send_claimed([items[i] for i in to_write], list(batch_keys))
             for index, position in zip(to_write, written, strict=True):
                 positions[index] = position
-                key = items[index].dedupe_key
-                if key is not None:
-                    self._dedupe.put(key, position)
+        for index, future in pending.items():
+            positions[index] = await asyncio.shield(future)
         for index, item in enumerate(items):
             if positions[index] is None and item.dedupe_key is not None:
                 positions[index] = positions[batch_keys[item.dedupe_key]]
         return [p for p in positions if p is not None]
+
+    async def _send_claimed(self, items: list[LogItem], keys: list[str]) -> list[Position]:
+        """``_send_transaction(items)`` with ``keys`` (theirs) marked in flight meanwhile, so
+        a concurrent append of one of them waits for this one's position instead of
+        writing the record again."""
+        loop = asyncio.get_running_loop()
+        futures = {key: loop.create_future() for key in keys}
+        self._in_flight.update(futures)
+        try:
+            written = await self._send_transaction(items)
+        except BaseException as error:
+            for future in futures.values():
+                future.set_exception(error)
+                future.exception()  # marks it retrieved when nobody else was waiting
+            raise
+        finally:
+            for key in keys:
+                del self._in_flight[key]
+        for item, position in zip(items, written, strict=True):
+            if item.dedupe_key is not None:
+                self._dedupe.put(item.dedupe_key, position)
+                futures[item.dedupe_key].set_result(position)
+        return written
 
     async def _send_many(self, items: Sequence[LogItem]) -> list[Position]:
         """Enqueue every item on the idempotent producer, then await them together; items

@@ -112,6 +112,18 @@ class TransportContract:
         values = [v for _, _, v in await _read_all(transport, first.partition)]
         assert values.count(b"once") == 1
 
+    async def test_concurrent_appends_of_one_dedupe_key_write_it_once(
+        self, transport: LogTransport
+    ) -> None:
+        item = _item("alice", "together", dedupe_key="alice\x1freq-9")
+        appends = [transport.append_many([item]) for _ in range(3)]
+        appends.append(transport.append_many([_item("bob", "b"), item]))
+        results = await asyncio.gather(*appends)
+        first = results[0][0]
+        assert [r[-1] for r in results] == [first] * 4
+        values = [v for _, _, v in await _read_all(transport, first.partition)]
+        assert values.count(b"together") == 1
+
     async def test_forgotten_dedupe_keys_are_written_again(self, transport: LogTransport) -> None:
         first = await transport.append(_item("alice", "old", dedupe_key="alice\x1freq-1"))
         kept = await transport.append(_item("alicia", "hers", dedupe_key="alicia\x1freq-1"))
