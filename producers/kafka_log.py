@@ -10,9 +10,10 @@ have gaps.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -33,27 +34,46 @@ T = TypeVar("T")
 
 DEFAULT_TOPIC = "prme.events"
 DEDUPE_CAPACITY = 100_000
+DEDUPE_TTL_S = 60.0
+"""How long a process answers a request id from its map. A later retry is appended again:
+the same event, which the projectors apply once (``projectors/repeats.py``), so the map
+only saves log records. The bound matters after an erasure, which only the erasing
+process's map learns of: another process would answer the owner's reused request id with
+the erased write's position for as long as it kept the entry (the same window as its
+cached data keys, ``keys.WRITE_TTL_S``)."""
 
 
-class _DedupeCache:
-    """A bounded LRU map ``dedupe_key -> Position``."""
+class DedupeCache:
+    """A bounded LRU map ``dedupe_key -> Position`` whose entries expire ``ttl_s`` after
+    they were written."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        ttl_s: float = DEDUPE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._capacity = capacity
-        self._positions: OrderedDict[str, Position] = OrderedDict()
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._positions: OrderedDict[str, tuple[Position, float]] = OrderedDict()
 
     def get(self, key: str) -> Position | None:
-        position = self._positions.get(key)
-        if position is not None:
-            self._positions.move_to_end(key)
-        return position
+        held = self._positions.get(key)
+        if held is None:
+            return None
+        if self._clock() - held[1] > self._ttl_s:
+            del self._positions[key]
+            return None
+        self._positions.move_to_end(key)
+        return held[0]
 
     def forget(self, prefix: str) -> None:
         for key in [key for key in self._positions if key.startswith(prefix)]:
             del self._positions[key]
 
     def put(self, key: str, position: Position) -> None:
-        self._positions[key] = position
+        self._positions[key] = (position, self._clock())
         self._positions.move_to_end(key)
         while len(self._positions) > self._capacity:
             self._positions.popitem(last=False)
@@ -63,10 +83,10 @@ class KafkaLogTransport:
     """:class:`~prme.producers.transport.LogTransport` on a Kafka topic keyed by owner.
 
     ``dedupe_key`` idempotency is kept in a bounded in-process LRU (``dedupe_capacity``
-    keys): a retry through the same transport instance returns the first position and
-    writes nothing. Kafka cannot check this itself, so a retry from another process (or
-    after a restart, or after the key was evicted) is written again; projectors
-    deduplicate it downstream by event id.
+    keys, each for ``DEDUPE_TTL_S``): a retry through the same transport instance returns
+    the first position and writes nothing. Kafka cannot check this itself, so a retry from
+    another process (or after a restart, or after the key expired or was evicted) is
+    written again; projectors deduplicate it downstream by event id.
     """
 
     def __init__(
@@ -94,7 +114,7 @@ class KafkaLogTransport:
         self._replication_factor = replication_factor
         self._min_insync = min_insync_replicas
         self._replication: Replication | None = None
-        self._dedupe = _DedupeCache(dedupe_capacity)
+        self._dedupe = DedupeCache(dedupe_capacity)
         self.dedupe_hits = 0
         """Appends answered from the dedupe map (or a same-key append in flight)."""
         self._in_flight: dict[str, asyncio.Future[Position]] = {}

@@ -7,6 +7,8 @@ import asyncio
 import pytest
 
 from prme.producers.kafka_common import stop_quietly
+from prme.producers.kafka_log import DedupeCache
+from prme.producers.transport import Position
 
 
 async def test_a_cancellation_escaping_a_client_stop_does_not_escape_stop_quietly() -> None:
@@ -31,3 +33,19 @@ async def test_stop_quietly_keeps_the_callers_cancellation() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_a_request_id_is_answered_from_the_map_for_its_time_only() -> None:
+    """After it, a retry is appended again (the same event, applied once): another node's
+    map no longer answers an erased owner's reused request id with the erased write."""
+    now = [100.0]
+    cache = DedupeCache(capacity=2, ttl_s=60.0, clock=lambda: now[0])
+    cache.put("alice\x1fr1", Position(0, 5))
+    now[0] += 59.0
+    assert cache.get("alice\x1fr1") == Position(0, 5)
+    now[0] += 2.0
+    assert cache.get("alice\x1fr1") is None
+    cache.put("a", Position(0, 1))
+    cache.put("b", Position(0, 2))
+    cache.put("c", Position(0, 3))  # over capacity: the least recently used goes
+    assert (cache.get("a"), cache.get("c")) == (None, Position(0, 3))
