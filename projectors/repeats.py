@@ -26,13 +26,13 @@ from prme.producers.sqlite_files import connect_wal
 from prme.schemas.records import OwnerErased
 
 from .model import ProjectedRecord
+from .stores.sqlite_base import rows_in
 
 FirstCopy = tuple[int, str]
 """``(offset, owner)`` of an event's first copy."""
 Lookup = Callable[[Sequence[str]], dict[str, FirstCopy]]
 """The first copy of each given event id already applied (``EventsModel.first_copies``)."""
 FILE_NAME = "first_copies.sqlite3"
-_LOOKUP_CHUNK = 500
 
 
 class FirstCopies:
@@ -98,18 +98,12 @@ class FirstCopies:
     def _lookup(self, ids: Sequence[str]) -> dict[str, FirstCopy]:
         if self._db is None and not self._path.exists():
             return {}
-        db = self._connection()
-        found: dict[str, FirstCopy] = {}
-        unique = list(dict.fromkeys(ids))
-        for start in range(0, len(unique), _LOOKUP_CHUNK):
-            chunk = unique[start : start + _LOOKUP_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            rows = db.execute(
-                f"SELECT event_id, offset, owner FROM first_copies WHERE event_id IN ({marks})",
-                chunk,
-            )
-            found.update((event_id, (offset, owner)) for event_id, offset, owner in rows)
-        return found
+        rows = rows_in(
+            self._connection().execute,
+            "SELECT event_id, offset, owner FROM first_copies WHERE event_id IN ({marks})",
+            list(dict.fromkeys(ids)),
+        )
+        return {event_id: (offset, owner) for event_id, offset, owner in rows}
 
     def _note(self, firsts: list[tuple[str, int, str]]) -> None:
         db = self._connection()

@@ -70,3 +70,21 @@ async def test_rebuild_of_an_unknown_model_replays_nothing(
         assert not list(local_settings.data_path.glob("shards/*.rebuild"))
         response = await engine.retrieve("kept", "alice")
         assert [r.text for r in response.results] == ["kept as it was"]
+
+
+def test_rows_in_runs_an_in_list_longer_than_sqlite_takes_in_chunks() -> None:
+    import sqlite3
+
+    from prme.projectors.stores.sqlite_base import IN_CHUNK, rows_in
+
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (id INTEGER, owner TEXT)")
+    db.executemany("INSERT INTO t VALUES (?, ?)", [(i, "a" if i % 2 else "b") for i in range(3000)])
+    wanted = list(range(2 * IN_CHUNK + 7))
+    rows = rows_in(
+        lambda sql, params: db.execute(sql, params).fetchall(),
+        "SELECT id FROM t WHERE id IN ({marks}) AND owner = ?",
+        wanted,
+        "a",
+    )
+    assert sorted(row[0] for row in rows) == [i for i in wanted if i % 2]

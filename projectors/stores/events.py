@@ -19,7 +19,7 @@ from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.records import AnyRecord, OwnerErased, kind_of
 
 from ..model import ProjectedRecord
-from .sqlite_base import SqliteModel, runs
+from .sqlite_base import SqliteModel, rows_in, runs
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -41,10 +41,6 @@ _INSERT = (
     "recorded_at, node_ids, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(event_id) DO NOTHING"
 )
-
-
-_LOOKUP_CHUNK = 500
-"""Event ids per query (SQLite limits the parameters of one statement)."""
 
 
 class EventRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,16 +103,12 @@ class EventsModel(SqliteModel):
 
     def first_copies(self, event_ids: Sequence[str]) -> dict[str, tuple[int, str]]:
         """``(offset, owner)`` of each of ``event_ids`` this model holds."""
-        found: dict[str, tuple[int, str]] = {}
-        unique = list(dict.fromkeys(event_ids))
-        for start in range(0, len(unique), _LOOKUP_CHUNK):
-            chunk = unique[start : start + _LOOKUP_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for event_id, offset, owner in self._query(
-                f"SELECT event_id, offset, owner FROM events WHERE event_id IN ({marks})", chunk
-            ):
-                found[event_id] = (offset, owner)
-        return found
+        rows = rows_in(
+            self._query,
+            "SELECT event_id, offset, owner FROM events WHERE event_id IN ({marks})",
+            list(dict.fromkeys(event_ids)),
+        )
+        return {event_id: (offset, owner) for event_id, offset, owner in rows}
 
     def get(self, event_id: str) -> EventRow | None:
         rows = self._query(f"SELECT {_COLUMNS} FROM events WHERE event_id = ?", (event_id,))

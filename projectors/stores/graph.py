@@ -43,7 +43,7 @@ from prme.schemas.records import (
 
 from ..entities import normalise_entity
 from ..model import MemoryNode, NodeState, ProjectedRecord
-from .sqlite_base import SqliteModel, runs
+from .sqlite_base import SqliteModel, rows_in, runs
 
 EdgeKind = Literal["derived_from", "mentions", "part_of", "supersedes", "next"]
 HOP_DECAY = 0.5
@@ -163,18 +163,14 @@ class GraphModel(SqliteModel):
 
         Looked up by primary key: the unary ``+`` keeps SQLite from choosing the owner
         index, which would scan every node of the owner (10 ms at 40k nodes)."""
-        nodes: dict[str, StoredNode] = {}
-        for start in range(0, len(node_ids), 500):
-            chunk = node_ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self._query(
-                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE node_id IN ({marks}) "
-                "AND +owner = ? AND +kind = 'memory'",
-                [*chunk, owner],
-            )
-            for row in rows:
-                nodes[row[0]] = _stored_node(row)
-        return nodes
+        rows = rows_in(
+            self._query,
+            f"SELECT {_NODE_COLUMNS} FROM nodes WHERE node_id IN ({{marks}}) "
+            "AND +owner = ? AND +kind = 'memory'",
+            node_ids,
+            owner,
+        )
+        return {row[0]: _stored_node(row) for row in rows}
 
     def node_state(self, owner: str, node_id: str) -> str | None:
         rows = self._query(
@@ -206,16 +202,14 @@ class GraphModel(SqliteModel):
                 if start + size <= len(words)
             )
         )
-        found: set[str] = set()
-        for begin in range(0, len(phrases), 500):
-            chunk = [entity_node_id(owner, phrase) for phrase in phrases[begin : begin + 500]]
-            marks = ",".join("?" * len(chunk))
-            rows = self._query(
-                f"SELECT text FROM nodes WHERE node_id IN ({marks}) AND owner = ? "
-                "AND kind = 'entity' AND degree > 0",
-                [*chunk, owner],
-            )
-            found.update(row[0] for row in rows)
+        rows = rows_in(
+            self._query,
+            "SELECT text FROM nodes WHERE node_id IN ({marks}) AND owner = ? "
+            "AND kind = 'entity' AND degree > 0",
+            [entity_node_id(owner, phrase) for phrase in phrases],
+            owner,
+        )
+        found = {row[0] for row in rows}
         return [phrase for phrase in phrases if phrase in found]
 
     def search(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -163,6 +163,26 @@ class SqliteModel(LockedDatabase):
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._db.execute(sql, params).fetchall()
+
+
+IN_CHUNK = 500
+"""Values per ``IN (...)`` list (SQLite limits the parameters of one statement)."""
+
+
+def rows_in(
+    query: Callable[[str, Sequence[Any]], Iterable[tuple[Any, ...]]],
+    sql: str,
+    values: Sequence[Any],
+    *after: Any,
+) -> list[tuple[Any, ...]]:
+    """Every row of ``sql`` for ``values``, where ``{marks}`` in ``sql`` stands for their
+    ``IN`` list (run in chunks of :data:`IN_CHUNK`; ``after``: the parameters that follow
+    the list)."""
+    rows: list[tuple[Any, ...]] = []
+    for start in range(0, len(values), IN_CHUNK):
+        chunk = list(values[start : start + IN_CHUNK])
+        rows.extend(query(sql.format(marks=",".join("?" * len(chunk))), [*chunk, *after]))
+    return rows
 
 
 def runs(
