@@ -13,6 +13,7 @@ import asyncio
 import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -75,11 +76,14 @@ class Shard:
         metrics: Metrics | None = None,
         changelog: VectorChangelog | None = None,
         forgetting: Forgetting | None = None,
+        apply_gate: asyncio.Lock | None = None,
     ) -> None:
         """Without ``vectors`` the shard opens (and closes) the backend ``settings`` name.
         ``forgetting``: the key store that opens sealed records and what an erasure purges
         beyond the models (see ``erasure.Forgetting``); without it, sealed records are
-        skipped as erased (only plain records are projected)."""
+        skipped as erased (only plain records are projected). ``apply_gate``: held while
+        a batch is decoded and derived and while it is written to the models (a runner's
+        shards share one, so one of them at a time does those GIL-bound steps)."""
         self.directory = directory
         self._forgetting = forgetting
         self._sealer = Sealer()
@@ -101,6 +105,7 @@ class Shard:
         self.position = -1
         """The last offset this shard has processed (applied or dead-lettered)."""
         self._first_copies = FirstCopies(directory)
+        self._apply_gate = apply_gate
 
     def publish_vectors_to(self, changelog: VectorChangelog | None) -> None:
         """Start (or stop) publishing computed vectors: a standby promoted to owner."""
@@ -218,7 +223,8 @@ class Shard:
             None if self._forgetting is None else self._forgetting.keys,
             (entry.value for entry in entries if entry.offset > floor),
         )
-        dead, projected = await self.run(self._project, entries, floor, keys)
+        async with self._gated():
+            dead, projected = await self.run(self._project, entries, floor, keys)
         if not projected:
             return dead
         attributes = {
@@ -235,10 +241,14 @@ class Shard:
                 await self._changelog.record(self.partition, projected)
             if self._forgetting is not None:
                 self._forgetting.before_apply(self, projected)
-            dead.extend(await self.run(self._apply_all, live, projected))
+            async with self._gated():
+                dead.extend(await self.run(self._apply_all, live, projected))
             if self._forgetting is not None:
                 await self._forgetting.after_apply(self, projected)
         return dead
+
+    def _gated(self) -> AbstractAsyncContextManager[Any]:
+        return self._apply_gate if self._apply_gate is not None else nullcontext()
 
     def _project(
         self, entries: Sequence[LogEntry], floor: int, keys: dict[KeyRef, bytes]

@@ -29,6 +29,7 @@ from prme.projectors.runner import (
     StagedPartition,
     next_batch_size,
 )
+from prme.projectors.stores.events import EventsModel
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.config import Settings
 
@@ -89,6 +90,61 @@ async def test_a_runner_that_is_behind_applies_larger_batches(local_settings: Se
     assert applied == 1199
     assert 1200 - (32 + 64) <= sum(sizes) <= 1200  # at most the first two polls missed
     assert max(sizes) > 32 * 4
+
+
+class _SlowProvider(HashedBagOfWordsProvider):
+    """Embeds after an await, as a model off the event loop does; notes whether a shard's
+    models were applying meanwhile."""
+
+    def __init__(self, applying: list[int]) -> None:
+        super().__init__()
+        self.applying = applying
+        self.overlapped = 0
+
+    async def embed(self, texts: Any) -> list[list[float]]:
+        for _ in range(10):
+            await asyncio.sleep(0.005)
+            self.overlapped += bool(self.applying[0])
+        return await super().embed(texts)
+
+
+async def test_shards_apply_one_at_a_time_while_another_embeds(
+    local_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding and the models' writes hold the GIL: two shards doing them at once only
+    contend for it. So one shard applies at a time, while others wait for their vectors."""
+    await _fill(local_settings, 800, owners=16)
+    applying = [0]
+    most = [0]
+    lock = threading.Lock()
+    apply = EventsModel.apply
+
+    def counted(self: EventsModel, batch: list[ProjectedRecord]) -> None:
+        with lock:
+            applying[0] += 1
+            most[0] = max(most[0], applying[0])
+        try:
+            time.sleep(0.1)  # longer than an embedding: without the gate, another shard's
+            apply(self, batch)  # vectors arrive while this one still applies
+        finally:
+            with lock:
+                applying[0] -= 1
+
+    monkeypatch.setattr(EventsModel, "apply", counted)
+    provider = _SlowProvider(applying)
+    transport = open_transport(local_settings)
+    await transport.start()
+    runner = ProjectorRunner(local_settings, transport, provider, batch_size=32)
+    try:
+        await runner.start()
+        await runner.catch_up(timeout_s=120)
+        applied = {p: shard.applied_offset() for p, shard in runner.shards.items()}
+    finally:
+        await runner.close()
+        await transport.close()
+    assert sum(offset + 1 for offset in applied.values()) == 800
+    assert most[0] == 1
+    assert provider.overlapped > 0
 
 
 @pytest.mark.parametrize("processes", [1, 2])
