@@ -44,9 +44,11 @@ handoffs for the same wall time). More only holds more batches (and vectors) in 
 REPLAY_CHUNK = 4096
 """Records read (and applied as one batch) at a time by a rebuild."""
 REBUILD_CONCURRENCY = 2
-"""Partitions rebuilt at once. Two keep an engine writing while Python derives the next
-chunk; more only contend for the GIL (measured on a 20k pack: 6 at once took 10.3-10.6 s
-and 4.2 s of system time in futex calls, 2 at once 8.6-9.3 s)."""
+"""Partitions rebuilt at once: one reads its next chunk from the log while the other
+applies (the staged shards share the background gate, so one at a time decodes, derives
+and writes). More only contend for the GIL (measured on a 20k pack before the gate: 6 at
+once took 10.3-10.6 s and 4.2 s of system time in futex calls, 2 at once 8.6-9.3 s; the
+gate then took a 20k in-process rebuild from 16.8-17.4 s to 14.8-14.9 s, CPU 20.6 -> 15.4 s)."""
 POLL_S = 0.1
 """How long a poll of the consumer waits for records. A rebalance lands during a poll,
 and a partition it assigns may need only a transaction marker stepped over to be served,
@@ -154,7 +156,11 @@ class ProjectorRunner:
         self._encode_lock = asyncio.Lock()
         self._shard_slots = asyncio.Semaphore(CONCURRENT_SHARDS)
         self._apply_gate = asyncio.Lock()
-        """Held by a shard while it decodes and derives a batch or writes it to its models."""
+        """The owned shards' ``Shard.apply_gate``."""
+        self._background_gate = asyncio.Lock()
+        """The gate of standby copies and rebuild staging: background work takes turns
+        among itself, and never holds up an owned shard (a write's read-your-writes) by a
+        whole replay chunk."""
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._stopping = False
@@ -286,6 +292,7 @@ class ProjectorRunner:
                     how = "standby"
                     _log.info("partition %d: the standby takes over", partition)
                     promoted.publish_vectors_to(self.changelog)
+                    promoted.apply_gate = self._apply_gate
                     if self.changelog is not None:  # what the old owner published last
                         await self.changelog.catch_up(partition)
                     self.metrics.standby_promotions.inc()
@@ -309,7 +316,7 @@ class ProjectorRunner:
         async with self._progress:
             self._progress.notify_all()
 
-    async def _new_shard(self, partition: int, *, lazily: bool) -> Shard:
+    async def _new_shard(self, partition: int, *, lazily: bool, standby: bool = False) -> Shard:
         shard = Shard(
             shard_directory(self._data_dir, partition),
             partition,
@@ -319,13 +326,13 @@ class ProjectorRunner:
             metrics=self.metrics,
             changelog=self.changelog,
             forgetting=self.forgetting,
-            apply_gate=self._apply_gate,
+            apply_gate=self._background_gate if standby else self._apply_gate,
         )
         await shard.open(lazily=lazily)
         return shard
 
     async def _open_standby(self, partition: int) -> Shard:
-        shard = await self._new_shard(partition, lazily=False)
+        shard = await self._new_shard(partition, lazily=False, standby=True)
         shard.publish_vectors_to(None)  # the owner publishes; a copy only reads
         return shard
 
@@ -818,6 +825,7 @@ class ProjectorRunner:
             vectors=self.vectors,
             metrics=self.metrics,
             forgetting=self.forgetting,
+            apply_gate=self._background_gate,
         )
 
     async def stage(

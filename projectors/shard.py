@@ -81,9 +81,7 @@ class Shard:
         """Without ``vectors`` the shard opens (and closes) the backend ``settings`` name.
         ``forgetting``: the key store that opens sealed records and what an erasure purges
         beyond the models (see ``erasure.Forgetting``); without it, sealed records are
-        skipped as erased (only plain records are projected). ``apply_gate``: held while
-        a batch is decoded and derived and while it is written to the models (a runner's
-        shards share one, so one of them at a time does those GIL-bound steps)."""
+        skipped as erased (only plain records are projected)."""
         self.directory = directory
         self._forgetting = forgetting
         self._sealer = Sealer()
@@ -105,7 +103,9 @@ class Shard:
         self.position = -1
         """The last offset this shard has processed (applied or dead-lettered)."""
         self._first_copies = FirstCopies(directory)
-        self._apply_gate = apply_gate
+        self.apply_gate = apply_gate
+        """Held while a batch is decoded and derived and while it is written to the models
+        (shared by shards, so one of them at a time does those GIL-bound steps)."""
 
     def publish_vectors_to(self, changelog: VectorChangelog | None) -> None:
         """Start (or stop) publishing computed vectors: a standby promoted to owner."""
@@ -248,7 +248,7 @@ class Shard:
         return dead
 
     def _gated(self) -> AbstractAsyncContextManager[Any]:
-        return self._apply_gate if self._apply_gate is not None else nullcontext()
+        return self.apply_gate if self.apply_gate is not None else nullcontext()
 
     def _project(
         self, entries: Sequence[LogEntry], floor: int, keys: dict[KeyRef, bytes]

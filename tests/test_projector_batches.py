@@ -108,30 +108,39 @@ class _SlowProvider(HashedBagOfWordsProvider):
         return await super().embed(texts)
 
 
+class _Overlaps:
+    """Counts the events model's applies in progress at once (each made to take 0.1 s,
+    longer than an embedding: without a gate, two shards' applies overlap)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.applying = [0]
+        self.most = 0
+        lock = threading.Lock()
+        apply = EventsModel.apply
+
+        def counted(model: EventsModel, batch: list[ProjectedRecord]) -> None:
+            with lock:
+                self.applying[0] += 1
+                self.most = max(self.most, self.applying[0])
+            try:
+                time.sleep(0.1)
+                apply(model, batch)
+            finally:
+                with lock:
+                    self.applying[0] -= 1
+
+        monkeypatch.setattr(EventsModel, "apply", counted)
+
+
 async def test_shards_apply_one_at_a_time_while_another_embeds(
     local_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Decoding and the models' writes hold the GIL: two shards doing them at once only
-    contend for it. So one shard applies at a time, while others wait for their vectors."""
+    contend for it. So one shard applies at a time, while others wait for their vectors;
+    a rebuild's partitions, staged two at a time, take turns the same way."""
     await _fill(local_settings, 800, owners=16)
-    applying = [0]
-    most = [0]
-    lock = threading.Lock()
-    apply = EventsModel.apply
-
-    def counted(self: EventsModel, batch: list[ProjectedRecord]) -> None:
-        with lock:
-            applying[0] += 1
-            most[0] = max(most[0], applying[0])
-        try:
-            time.sleep(0.1)  # longer than an embedding: without the gate, another shard's
-            apply(self, batch)  # vectors arrive while this one still applies
-        finally:
-            with lock:
-                applying[0] -= 1
-
-    monkeypatch.setattr(EventsModel, "apply", counted)
-    provider = _SlowProvider(applying)
+    overlaps = _Overlaps(monkeypatch)
+    provider = _SlowProvider(overlaps.applying)
     transport = open_transport(local_settings)
     await transport.start()
     runner = ProjectorRunner(local_settings, transport, provider, batch_size=32)
@@ -139,12 +148,16 @@ async def test_shards_apply_one_at_a_time_while_another_embeds(
         await runner.start()
         await runner.catch_up(timeout_s=120)
         applied = {p: shard.applied_offset() for p, shard in runner.shards.items()}
+        assert overlaps.most == 1
+        assert provider.overlapped > 0
+        overlaps.most = 0
+        replayed = await runner.rebuild(processes=1)
     finally:
         await runner.close()
         await transport.close()
     assert sum(offset + 1 for offset in applied.values()) == 800
-    assert most[0] == 1
-    assert provider.overlapped > 0
+    assert sum(replayed.values()) == 800
+    assert overlaps.most == 1
 
 
 @pytest.mark.parametrize("processes", [1, 2])
