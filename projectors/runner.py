@@ -875,6 +875,9 @@ class ProjectorRunner:
         try:
             replayed = await self._replay(staged, partition, target, 0, progress)
             async with self._partition_lock(partition):
+                # The partition's live batches wait on this lock now: the last records take
+                # the owned shards' turn, not one behind another partition's replay chunk.
+                staged.apply_gate = self._apply_gate
                 replayed += await self._replay(staged, partition, target, replayed, progress)
                 await staged.close()
                 await self._swap(shard, staging, models)

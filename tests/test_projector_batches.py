@@ -20,6 +20,7 @@ from prme.producers.factory import open_transport
 from prme.producers.producer import MessageDraft, Producer
 from prme.producers.transport import LogItem
 from prme.projectors import rebuild_worker
+from prme.projectors import runner as runner_module
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.runner import (
@@ -29,7 +30,7 @@ from prme.projectors.runner import (
     StagedPartition,
     next_batch_size,
 )
-from prme.projectors.stores.events import EventsModel
+from prme.projectors.shard import Shard
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.config import Settings
 
@@ -92,55 +93,67 @@ async def test_a_runner_that_is_behind_applies_larger_batches(local_settings: Se
     assert max(sizes) > 32 * 4
 
 
-class _SlowProvider(HashedBagOfWordsProvider):
-    """Embeds after an await, as a model off the event loop does; notes whether a shard's
-    models were applying meanwhile."""
+class _Turns:
+    """Tracks the gated steps (a shard decoding a batch, a shard writing one) in progress
+    at once, per gate the shard holds; each step is made to take 0.1 s, longer than an
+    embedding, so steps that are not kept apart do overlap."""
 
-    def __init__(self, applying: list[int]) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.running: dict[int, int] = {}
+        self.most: dict[int, int] = {}
+        self.gates_together = 0
+        """Steps that began while a step under another gate was running."""
+        self._lock = threading.Lock()
+        for name in ("_project", "_apply_all"):
+            monkeypatch.setattr(Shard, name, self._counted(getattr(Shard, name)))
+
+    def busy(self) -> bool:
+        return any(self.running.values())
+
+    def _counted(self, step: Any) -> Any:
+        def counted(shard: Shard, *args: Any) -> Any:
+            gate = id(shard.apply_gate)
+            with self._lock:
+                self.gates_together += any(n for g, n in self.running.items() if g != gate)
+                self.running[gate] = self.running.get(gate, 0) + 1
+                self.most[gate] = max(self.most.get(gate, 0), self.running[gate])
+            try:
+                time.sleep(0.1)
+                return step(shard, *args)
+            finally:
+                with self._lock:
+                    self.running[gate] -= 1
+
+        return counted
+
+
+class _SlowProvider(HashedBagOfWordsProvider):
+    """Embeds after an await, as a model off the event loop does; counts the moments a
+    shard's gated step was running meanwhile."""
+
+    def __init__(self, turns: _Turns) -> None:
         super().__init__()
-        self.applying = applying
+        self.turns = turns
         self.overlapped = 0
 
     async def embed(self, texts: Any) -> list[list[float]]:
         for _ in range(10):
             await asyncio.sleep(0.005)
-            self.overlapped += bool(self.applying[0])
+            self.overlapped += self.turns.busy()
         return await super().embed(texts)
 
 
-class _Overlaps:
-    """Counts the events model's applies in progress at once (each made to take 0.1 s,
-    longer than an embedding: without a gate, two shards' applies overlap)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.applying = [0]
-        self.most = 0
-        lock = threading.Lock()
-        apply = EventsModel.apply
-
-        def counted(model: EventsModel, batch: list[ProjectedRecord]) -> None:
-            with lock:
-                self.applying[0] += 1
-                self.most = max(self.most, self.applying[0])
-            try:
-                time.sleep(0.1)
-                apply(model, batch)
-            finally:
-                with lock:
-                    self.applying[0] -= 1
-
-        monkeypatch.setattr(EventsModel, "apply", counted)
-
-
-async def test_shards_apply_one_at_a_time_while_another_embeds(
+async def test_shards_take_turns_to_decode_and_write_but_not_to_embed(
     local_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Decoding and the models' writes hold the GIL: two shards doing them at once only
-    contend for it. So one shard applies at a time, while others wait for their vectors;
-    a rebuild's partitions, staged two at a time, take turns the same way."""
+    contend for it. So owned shards take turns at those steps, while others wait for their
+    vectors; a rebuild's partitions (staged two at a time) take turns behind a second gate,
+    which never holds up the owned shards' batches."""
+    monkeypatch.setattr(runner_module, "REPLAY_CHUNK", 50)
     await _fill(local_settings, 800, owners=16)
-    overlaps = _Overlaps(monkeypatch)
-    provider = _SlowProvider(overlaps.applying)
+    turns = _Turns(monkeypatch)
+    provider = _SlowProvider(turns)
     transport = open_transport(local_settings)
     await transport.start()
     runner = ProjectorRunner(local_settings, transport, provider, batch_size=32)
@@ -148,16 +161,28 @@ async def test_shards_apply_one_at_a_time_while_another_embeds(
         await runner.start()
         await runner.catch_up(timeout_s=120)
         applied = {p: shard.applied_offset() for p, shard in runner.shards.items()}
-        assert overlaps.most == 1
+        assert len(turns.most) == 1 and turns.most.popitem()[1] == 1
         assert provider.overlapped > 0
-        overlaps.most = 0
-        replayed = await runner.rebuild(processes=1)
+        assert turns.gates_together == 0
+
+        rebuild = asyncio.ensure_future(runner.rebuild(processes=1))
+        producer = Producer(transport)
+        written = 0
+        while not rebuild.done() and written < 40:  # live batches during the rebuild
+            draft = MessageDraft(owner=f"user{written % 16}", content=f"later {written}")
+            receipt = await producer.append_message(draft)
+            await runner.wait_applied(receipt.position.partition, receipt.position.offset, 60)
+            written += 1
+        replayed = await rebuild
     finally:
         await runner.close()
         await transport.close()
     assert sum(offset + 1 for offset in applied.values()) == 800
-    assert sum(replayed.values()) == 800
-    assert overlaps.most == 1
+    assert 800 <= sum(replayed.values()) <= 800 + written
+    assert written > 0
+    assert len(turns.most) == 2  # the owned shards' gate and the background one
+    assert set(turns.most.values()) == {1}
+    assert turns.gates_together > 0
 
 
 @pytest.mark.parametrize("processes", [1, 2])
