@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 from litestar import Litestar, Request, Response, Router, delete, get, post
 from litestar._openapi.schema_generation import SchemaCreator
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.dto import MsgspecDTO
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.handlers import BaseRouteHandler
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, Reference, Schema, SecurityScheme
@@ -126,17 +129,26 @@ def _lone_surrogate(body: bytes) -> tuple[str, int] | None:
 # -- dependencies ---------------------------------------------------------------------
 
 
-async def provide_caller(
-    request: Request[Any, Any, Any], api_keys: NamedDependency[ApiKeys], engine: EngineDep
-) -> Caller:
-    hop = None if engine.router is None else engine.router.check_forwarded(request.headers)
-    if hop is not None:  # forwarded by a node that authenticated the key: act for its caller
-        caller = Caller(hop)
-    else:
-        caller = api_keys.authenticate(
-            request.headers.get("authorization"), request.headers.get("x-api-key")
-        )
-    request.state[CALLER_STATE] = caller  # the access log hashes the owners it acted for
+def authenticating_guard(
+    engine: MemoryEngine, api_keys: ApiKeys
+) -> Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], None]:
+    """The guard of the protected routes: it names the caller before anything reads the
+    body, so a request without a valid key is 401 whatever its body holds."""
+
+    def authenticate(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        headers = connection.headers
+        hop = None if engine.router is None else engine.router.check_forwarded(headers)
+        if hop is not None:  # forwarded by a node that authenticated the key: its caller
+            caller = Caller(hop)
+        else:
+            caller = api_keys.authenticate(headers.get("authorization"), headers.get("x-api-key"))
+        connection.state[CALLER_STATE] = caller  # the access log hashes the owners acted for
+
+    return authenticate
+
+
+async def provide_caller(request: Request[Any, Any, Any]) -> Caller:
+    caller: Caller = request.state[CALLER_STATE]  # set by the guard
     return caller
 
 
@@ -556,6 +568,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
         "/v1",
         route_handlers=PROTECTED,
         dependencies={"caller": Provide(provide_caller)},
+        guards=[authenticating_guard(engine, api_keys)],
         security=security,
     )
     open_routes = Router("/v1", route_handlers=[health, ready, cluster, cluster_wait])

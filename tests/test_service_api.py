@@ -76,6 +76,24 @@ async def test_request_without_key_is_401_and_writes_nothing(
     assert await log_size(engine) == before
 
 
+async def test_a_bad_body_without_a_valid_key_is_401_not_400(http: httpx.AsyncClient) -> None:
+    """The key is checked before the body is read: a caller without one learns nothing
+    about the body's schema (docs/HTTP.md "Authentication")."""
+    bodies = [
+        {"content": b'{"user_id": "alice", "query": "x", "top_k": "x"}'},
+        {"content": b"{bad json"},
+        {"content": b""},
+    ]
+    for headers in ({}, {"X-API-Key": "nope"}, {"Authorization": "Basic x"}):
+        for body in bodies:
+            for path in ("/v1/retrieve", "/v1/memories"):
+                response = await http.post(
+                    path, headers={"content-type": "application/json", **headers}, **body
+                )
+                assert response.status_code == 401, (path, headers, body, response.text)
+                assert response.json()["error"] == "unauthenticated"
+
+
 async def test_key_of_one_owner_cannot_act_for_another(
     http: httpx.AsyncClient, engine: MemoryEngine
 ) -> None:
