@@ -18,7 +18,12 @@ from prme.producers.keys import KeyStore
 from prme.producers.transport import LogConsumer, LogTransport, Membership
 from prme.schemas.cluster import ClusterMap, MemberClaim
 from prme.schemas.config import Settings
-from prme.schemas.errors import ConsistencyTimeout, ShardUnavailable, TransportError
+from prme.schemas.errors import (
+    ConfigurationError,
+    ConsistencyTimeout,
+    ShardUnavailable,
+    TransportError,
+)
 from prme.schemas.metrics import Metrics, transport_label
 
 from .backends import VectorBackend
@@ -279,6 +284,7 @@ class ProjectorRunner:
         _log.info("assigned partitions %s", sorted(partitions))
         await self._close_parked(keep=partitions)
         ends = await self.transport.end_offsets()
+        refused: ConfigurationError | None = None
         for partition in sorted(partitions):
             if self._stopping:  # close() began during an await: its consumer takes no seek
                 return
@@ -306,8 +312,13 @@ class ProjectorRunner:
                 await self._close_shard(partition)
                 return
             assert self._consumer is not None
+            applied = self.shards[partition].applied_offset()
+            if applied >= ends.get(partition, 0) and applied >= await self._log_end(partition):
+                refused = self._refuse(partition, applied)
+                await self._close_shard(partition)
+                continue
             self._takeovers.setdefault(partition, Takeover(began, how))
-            self._consumer.seek(partition, self.shards[partition].applied_offset() + 1)
+            self._consumer.seek(partition, applied + 1)
             self._targets[partition] = ends.get(partition, 0)
         self._owned_last = set(self.shards)
         self.metrics.cluster_partitions.labels("owner").set(len(self.shards))
@@ -315,6 +326,27 @@ class ProjectorRunner:
         self._note_served()
         async with self._progress:
             self._progress.notify_all()
+        if refused is not None:
+            raise refused
+
+    async def _log_end(self, partition: int) -> int:
+        return (await self.transport.end_offsets()).get(partition, 0)
+
+    def _refuse(self, partition: int, applied: int) -> ConfigurationError:
+        """A shard that applied an offset the log has not reached was built from another
+        log (a topic made anew, another broker, a pack of the local log): serving it would
+        answer with its content and skip this log's records up to that offset. The
+        projector stops, saying so, and the shard's files are kept."""
+        error = ConfigurationError(
+            f"partition {partition}: the read models in "
+            f"{shard_directory(self._data_dir, partition)} applied offset {applied}, beyond "
+            "the end of this log's partition: they were built from another log (a topic "
+            "deleted and made again, another cluster). Use another data directory, or move "
+            "that shard directory away to rebuild it from this log."
+        )
+        _log.error("%s", error)
+        self._failure = error
+        return error
 
     async def _new_shard(self, partition: int, *, lazily: bool, standby: bool = False) -> Shard:
         shard = Shard(

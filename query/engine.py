@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+import msgspec
+
 from prme.producers.factory import open_dead_letters, open_transport
 from prme.producers.producer import (
     ADDITION_MISMATCH,
@@ -47,7 +49,14 @@ from .backend import MemoryBackend
 from .cluster import ClusterRouter
 from .data_lock import DataDirLock
 from .http_types import MAX_TOP_K, RetrieveRequest, StoreRequest, checked
-from .pack_config import PackConfig, embedding_config_of, load_pack_config, save_pack_config
+from .pack_config import (
+    LogIdentity,
+    PackConfig,
+    check_log_identity,
+    embedding_config_of,
+    load_pack_config,
+    save_pack_config,
+)
 from .retrieve import Retriever
 from .tokens import TokenCounter
 from .types import EventView, RetrieveResponse, StoreResult
@@ -165,11 +174,17 @@ class MemoryEngine(MemoryBackend):
             save_pack_config(
                 data_dir,
                 PackConfig(
-                    partitions=settings.log.partitions, embedding=embedding_config_of(provider)
+                    partitions=settings.log.partitions,
+                    embedding=embedding_config_of(provider),
+                    log=LogIdentity.of(settings.log),
                 ),
             )
-        elif saved.partitions != settings.log.partitions:
-            settings = settings.replace(log={"partitions": saved.partitions})
+        else:
+            checked = check_log_identity(data_dir, saved, settings.log)
+            if checked is not saved:
+                save_pack_config(data_dir, checked)
+            if saved.partitions != settings.log.partitions:
+                settings = settings.replace(log={"partitions": saved.partitions})
         transport = open_transport(settings)
         dead_letters = open_dead_letters(settings)
         await transport.start()
@@ -502,7 +517,7 @@ class MemoryEngine(MemoryBackend):
             if saved is not None:
                 save_pack_config(
                     self.settings.data_path,
-                    PackConfig(partitions=saved.partitions, embedding=self.embedding_config),
+                    msgspec.structs.replace(saved, embedding=self.embedding_config),
                 )
         return replayed
 

@@ -14,6 +14,7 @@ import msgspec
 
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
+from prme.schemas.config import LogSettings
 from prme.schemas.errors import ConfigurationError
 
 ProviderKind = Literal["fastembed", "custom"]
@@ -34,10 +35,44 @@ class EmbeddingConfig(msgspec.Struct, frozen=True, kw_only=True):
         return EmbeddingIdentity(self.model_name, self.model_version, self.dimension)
 
 
+class LogIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    """The log a pack's read models were built from: the local log in the pack, or a Kafka
+    topic (the brokers' addresses may change; a shard ahead of its partition's end shows a
+    topic made anew, see ``ProjectorRunner``)."""
+
+    transport: Literal["local", "kafka"]
+    topic: str | None = None
+
+    @classmethod
+    def of(cls, log: LogSettings) -> LogIdentity:
+        return cls(transport=log.transport, topic=log.topic if log.transport == "kafka" else None)
+
+    def describe(self) -> str:
+        return "the local log in the pack" if self.topic is None else f"Kafka topic {self.topic!r}"
+
+
 class PackConfig(msgspec.Struct, frozen=True, kw_only=True):
     format: int = 1
     partitions: int
     embedding: EmbeddingConfig
+    log: LogIdentity | None = None
+    """``None`` in a pack made before it was saved (it is saved at the next open)."""
+
+
+def check_log_identity(directory: Path, saved: PackConfig, log: LogSettings) -> PackConfig:
+    """``saved`` with the log's identity (a pack without one takes ``log``'s); a pack built
+    from another log is refused: its offsets mean nothing on this one, so its models would
+    be served as they are and new writes skipped."""
+    current = LogIdentity.of(log)
+    if saved.log is None:
+        return msgspec.structs.replace(saved, log=current)
+    if saved.log != current:
+        raise ConfigurationError(
+            f"the pack in {directory} was built from {saved.log.describe()}, but these "
+            f"settings read {current.describe()}: use another data directory for this log "
+            "(a pack belongs to the log it was built from)"
+        )
+    return saved
 
 
 def embedding_config_of(provider: object) -> EmbeddingConfig:
