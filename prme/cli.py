@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -56,8 +56,27 @@ def _read_lines(path: str) -> Iterator[bytes]:
     if path == "-":
         yield from sys.stdin.buffer
         return
-    with open(path, "rb") as handle:
+    with _opened(path) as handle:
         yield from handle
+
+
+def _opened(path: str) -> BinaryIO:
+    from prme.schemas.errors import ConfigurationError
+
+    try:
+        return open(path, "rb")
+    except OSError as error:
+        raise ConfigurationError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+def _require_log(settings: Settings) -> None:
+    """An embedded log is read only where one exists (a typo in ``--data-dir`` is an
+    error, not an empty answer and a new directory)."""
+    from prme.producers.factory import LOCAL_LOG_FILE
+    from prme.schemas.errors import ConfigurationError
+
+    if settings.log.transport == "local" and not (settings.data_path / LOCAL_LOG_FILE).exists():
+        raise ConfigurationError(f"no PRME log in {settings.data_dir}")
 
 
 async def _ingest(args: argparse.Namespace) -> int:
@@ -118,6 +137,7 @@ async def _audit(args: argparse.Namespace) -> int:
     from prme.producers.factory import open_key_store, open_transport
 
     settings = _settings(args)
+    _require_log(settings)
     transport, keys = open_transport(settings), open_key_store(settings)
     await transport.start()
     encoder = msgspec.json.Encoder()

@@ -17,12 +17,16 @@ if TYPE_CHECKING:
     from .keys import KeyStore
 
 
+LOCAL_LOG_FILE = "log.sqlite3"
+"""The embedded log's file in the data directory."""
+
+
 def open_transport(settings: Settings) -> LogTransport:
     """A not-yet-started transport for the event log."""
     return _open_log(
         settings,
         topic=settings.log.topic,
-        file_name="log.sqlite3",
+        file_name=LOCAL_LOG_FILE,
         partitions=settings.log.partitions,
         transactional_id=settings.log.transactional_id,
     )

@@ -179,3 +179,21 @@ def test_bad_settings_are_one_line_and_write_nothing(
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("prme serve: invalid settings: ") and line.endswith(f"`{where}`")
     assert not data.exists()
+
+
+def test_ingest_of_a_missing_file_or_a_directory_is_one_line(tmp_path: Path) -> None:
+    data = ["--data-dir", str(tmp_path / "pack")]
+    for path, reason in ((tmp_path / "nothing.jsonl", "No such file"), (tmp_path, "directory")):
+        result = prme("ingest", str(path), "--quiet", *data)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"prme ingest: cannot read {path}: ")
+        assert reason in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "pack").exists()
+
+
+def test_audit_of_a_directory_without_a_log_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    typo = tmp_path / "typo"
+    result = prme("audit", "--owner", "alice", "--data-dir", str(typo))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"prme audit: no PRME log in {typo}"
+    assert not typo.exists()
