@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import time
 from collections.abc import Mapping
 
 import httpx
@@ -40,6 +41,8 @@ MAP_POLL_S = 0.5
 MAP_REFRESH_S = 5.0
 """How often a serve-only node re-reads the map otherwise."""
 _log = logging.getLogger("prme.cluster")
+REFUSAL_LOG_EVERY_S = 60.0
+"""A hop refused for the cluster secret is logged at most this often per peer."""
 
 
 def _repeatable(method: str, target: str) -> bool:
@@ -80,6 +83,7 @@ class ClusterRouter:
         self.transport = transport
         self.metrics = metrics
         self._secret = settings.cluster.secret
+        self._refusals_logged: dict[str, float] = {}
         self._polled: ClusterMap | None = None
         self._changed = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
@@ -207,14 +211,29 @@ class ClusterRouter:
         if caller is None and presented is None:
             return None
         if not self._secret or presented is None:
-            raise Unauthenticated(
-                "a forwarded request needs the cluster secret (PRME_CLUSTER__SECRET)"
-            )
+            refused = "a forwarded request needs the cluster secret (PRME_CLUSTER__SECRET)"
+            self._note_refusal("in", f"refused a forwarded request: {refused}")
+            raise Unauthenticated(refused)
         if not hmac.compare_digest(presented.encode(), self._secret.encode()):
+            self._note_refusal(
+                "in",
+                "refused a forwarded request with another cluster secret: a node of this "
+                "group has a different PRME_CLUSTER__SECRET",
+            )
             raise Unauthenticated("wrong cluster secret on a forwarded request")
         if caller is None:
             raise Unauthenticated("a forwarded request must name its caller")
         return caller
+
+    def _note_refusal(self, peer: str, message: str) -> None:
+        """Count a hop refused for the cluster secret (either way) and log it, once a
+        minute per peer: a node with another secret joins the group all the same, and
+        only the hops between it and the others fail."""
+        self.metrics.cluster_forwards.labels("refused").inc()
+        now = time.monotonic()
+        if now - self._refusals_logged.get(peer, -REFUSAL_LOG_EVERY_S) >= REFUSAL_LOG_EVERY_S:
+            self._refusals_logged[peer] = now
+            _log.warning("%s", message)
 
     def _hop_headers(self, caller: str) -> dict[str, str]:
         if not self._secret:
@@ -263,10 +282,16 @@ class ClusterRouter:
                 self.metrics.cluster_forwards.labels("unreachable").inc()
             else:
                 if response.status_code == 401:  # the hop, not the client: it was checked
-                    raise HopRefused(
+                    refused = HopRefused(
                         f"partition {partition}: its owner {url} refused this node's cluster "
                         "secret; every node of a cluster needs the same PRME_CLUSTER__SECRET"
                     )
+                    self._note_refusal(
+                        url,
+                        f"a hop to {url} was refused: the node there has another cluster "
+                        "secret (every node needs the same PRME_CLUSTER__SECRET)",
+                    )
+                    raise refused
                 if not response.headers.get(NOT_OWNER_HEADER):
                     self.metrics.cluster_forwards.labels("forwarded").inc()
                     return response

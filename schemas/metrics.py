@@ -136,7 +136,8 @@ class Metrics:
         self.cluster_forwards = counter(
             "prme_cluster_forwards",
             "Requests (and read-your-writes waits) sent to the node that owns the owner's "
-            "partition, by outcome: forwarded, not_owner (retried), unreachable (retried)",
+            "partition, by outcome: forwarded, not_owner (retried), unreachable (retried), "
+            "refused (a hop either way refused for the cluster secret)",
             ("outcome",),
         )
         self.standby_promotions = counter(

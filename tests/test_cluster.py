@@ -376,6 +376,13 @@ def test_a_node_without_the_secret_is_named_and_a_write_it_cannot_confirm_says_w
         assert "PRME_CLUSTER__SECRET" in read.json()["detail"]
         assert "PRME_CLUSTER__SECRET is not set" in lacking.log()
 
+        # Both ends say so in their logs, once a minute (a trial found no node said it).
+        def warned(node: Node, text: str) -> int:
+            return sum(" WARNING " in line and text in line for line in node.log().splitlines())
+
+        assert warned(good, f"a hop to {lacking.url} was refused") == 1
+        assert warned(lacking, "refused a forwarded request") == 1
+
 
 def test_partitions_a_project_worker_holds_answer_503_at_once(
     kafka_bootstrap: str, tmp_path: Path
