@@ -19,9 +19,10 @@ import uuid_utils
 
 from prme.schemas.codec import encode_record
 from prme.schemas.config import LimitsSettings
-from prme.schemas.errors import InvalidInput, TransportError
+from prme.schemas.errors import InvalidInput, TransportError, patterns_in_words
 from prme.schemas.metrics import Metrics, transport_label
 from prme.schemas.records import (
+    PATTERN_WORDS,
     HistoryCleared,
     HistoryReplaced,
     Message,
@@ -415,7 +416,7 @@ def _convert(fields: dict[str, Any], record_type: type[Record]) -> Any:
         # A round trip through the log codec proves every value is storable.
         encode_record(record)
     except msgspec.ValidationError as error:
-        raise InvalidInput(str(error)) from error
+        raise InvalidInput(patterns_in_words(str(error), PATTERN_WORDS)) from error
     except (TypeError, ValueError, OverflowError) as error:
         raise InvalidInput(f"value cannot be stored: {error}") from error
     return record

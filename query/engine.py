@@ -526,7 +526,10 @@ class MemoryEngine(MemoryBackend):
         owner's: see :meth:`get_event`)."""
         if not node_id.startswith("mem:"):
             raise NotFound(f"no memory node {node_id!r}")
-        await self.get_event(node_id.removeprefix("mem:"), user_id)
+        try:
+            await self.get_event(node_id.removeprefix("mem:"), user_id)
+        except NotFound:
+            raise NotFound(f"no node {node_id} for owner {user_id}") from None
         shard = await self.runner.shard_for(user_id)
         state = await shard.call("graph", lambda graph: graph.node_state(user_id, node_id))
         if state is None:

@@ -27,6 +27,12 @@ TEXT_PATTERN = r"\S"
 """Text that is not empty or whitespace only (a search: somewhere a non-space)."""
 TOKEN_PATTERN = r"^[0-9]+:[0-9]+$"
 """A consistency token as a query parameter, ``partition:offset``."""
+PATTERN_WORDS = {
+    USER_ID_PATTERN: "Expected an owner id without control characters or whitespace at either end",
+    TEXT_PATTERN: "Expected text that is not empty or only whitespace",
+    TOKEN_PATTERN: "Expected a consistency token `partition:offset`",
+}
+"""What the request types' patterns mean, for error messages."""
 
 UserIdField = Annotated[
     str,

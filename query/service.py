@@ -35,6 +35,7 @@ from prme.schemas.errors import (
     PRMEError,
     ShardUnavailable,
     Unauthenticated,
+    patterns_in_words,
 )
 from prme.schemas.records import Message
 
@@ -45,6 +46,7 @@ from .forwarding import ForwardingMiddleware
 from .http_errors import HTTP_KINDS, status_of
 from .http_types import (
     NOT_OWNER_HEADER,
+    PATTERN_WORDS,
     TOKEN_PATTERN,
     USER_ID_PATTERN,
     ArchiveRequest,
@@ -500,7 +502,8 @@ def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[Any]:
 
 def on_decode_error(_: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
     if isinstance(error, msgspec.ValidationError):
-        return _error(400, "invalid_input", f"invalid request body: {error}")
+        reason = patterns_in_words(str(error), PATTERN_WORDS)
+        return _error(400, "invalid_input", f"invalid request body: {reason}")
     return _error(400, "invalid_input", f"malformed JSON request body: {error}")
 
 
@@ -512,7 +515,8 @@ def on_http_error(request: Request[Any, Any, Any], error: Exception) -> Response
         reasons = [
             _MISSING_BODY
             if item.get("key") == "data" and _source(item) == "body parameter"
-            else f"{item.get('message')} - at {_source(item)} `{item.get('key')}`"
+            else f"{patterns_in_words(str(item.get('message')), PATTERN_WORDS)} - at "
+            f"{_source(item)} `{item.get('key')}`"
             for item in error.extra
             if isinstance(item, dict)
         ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class PRMEError(Exception):
     """Base class of every error PRME raises on purpose."""
@@ -78,3 +80,11 @@ class DataDirInUse(ConfigurationError):
 
 class InvalidEmbedding(PRMEError, ValueError):
     """An embedding provider reported an invalid identity or returned malformed vectors."""
+
+
+def patterns_in_words(message: str, words: Mapping[str, str]) -> str:
+    """``message`` (a msgspec validation error) with each ``Expected `str` matching regex
+    '<pattern>'`` of a pattern in ``words`` replaced by what the pattern means."""
+    for pattern, meaning in words.items():
+        message = message.replace(f"Expected `str` matching regex {pattern!r}", meaning)
+    return message

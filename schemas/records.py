@@ -15,7 +15,10 @@ import msgspec
 SCHEMA_VERSION = 1
 """The newest record schema version this code writes and reads."""
 
-OwnerId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^\S(.*\S)?$")]
+OWNER_PATTERN = r"^\S(.*\S)?$"
+OwnerId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=OWNER_PATTERN)]
+PATTERN_WORDS = {OWNER_PATTERN: "Expected an owner id without whitespace at either end"}
+"""What the records' patterns mean, for error messages (``errors.patterns_in_words``)."""
 Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Role = Literal["user", "assistant", "system", "tool", "function", "developer"]
 ROLES: frozenset[str] = frozenset(Role.__args__)  # type: ignore[attr-defined]

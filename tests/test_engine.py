@@ -312,3 +312,11 @@ async def test_a_message_without_text_is_never_a_retrieved_memory(engine: Memory
     for query in ("harbour", "something unrelated entirely", "weather lookup"):
         found = await engine.retrieve(query, "alice", top_k=10)
         assert [r.text for r in found.results] == ["The harbour opens at nine."], query
+
+
+async def test_an_unknown_node_is_named_as_a_node_not_an_event(engine: MemoryEngine) -> None:
+    """Found by a new-user trial: archiving ``mem:nothing`` answered "no event nothing"."""
+    for act in (engine.archive, engine.restore):
+        with pytest.raises(NotFound) as missing:
+            await act("mem:nothing", user_id="alice")
+        assert str(missing.value) == "no node mem:nothing for owner alice"

@@ -200,3 +200,15 @@ async def test_a_file_ingested_again_counts_its_lines_as_duplicates_either_way(
     finally:
         await transport.close()
     assert outcomes == [(50, 0), (0, 50), (0, 50), (0, 50)]
+
+
+def test_an_owner_with_surrounding_space_is_refused_in_words() -> None:
+    """Found by a new-user trial: the error quoted the owner pattern's regex."""
+    producer = Producer(LocalLogTransport(Path("/nonexistent/log.sqlite3"), 4))
+    for owner in (" alice", "alice "):
+        line = json.dumps({"owner": owner, "content": "x"})
+        with pytest.raises(InvalidInput) as refused:
+            draft_from_line(line, producer)
+        assert str(refused.value) == (
+            "Expected an owner id without whitespace at either end - at `$.owner`"
+        )

@@ -94,6 +94,22 @@ async def test_a_bad_body_without_a_valid_key_is_401_not_400(http: httpx.AsyncCl
                 assert response.json()["error"] == "unauthenticated"
 
 
+async def test_a_pattern_error_says_the_rule_in_words(http: httpx.AsyncClient) -> None:
+    """Found by a new-user trial: a user id with a leading space was refused with the
+    raw regular expression."""
+    cases = [
+        ("/v1/memories", {"user_id": " alice", "content": "x"}, "owner id without control"),
+        ("/v1/retrieve", {"user_id": "alice", "query": "   "}, "not empty or only whitespace"),
+    ]
+    for path, body, words in cases:
+        response = await http.post(path, json=body, headers=ADMIN)
+        assert response.status_code == 400, response.text
+        assert words in response.json()["detail"] and "regex" not in response.text
+    history = await http.get("/v1/history", params={"user_id": " alice"}, headers=ADMIN)
+    assert history.status_code == 400 and "regex" not in history.text, history.text
+    assert "owner id without control" in history.json()["detail"]
+
+
 async def test_key_of_one_owner_cannot_act_for_another(
     http: httpx.AsyncClient, engine: MemoryEngine
 ) -> None:
