@@ -448,9 +448,8 @@ def render_status(status: dict[str, Any]) -> str:
             f"{p['lag_records']:>7} {p['lag_seconds']:>7.1f} {p['dead_letters']:>5} {size:>9.2f}"
         )
     for member in status.get("group_members") or []:
-        lines.append(
-            f"member {member['client_id']} at {member['host']}: partitions {member['partitions']}"
-        )
+        who = member.get("url") or member["client_id"]
+        lines.append(f"member {who} at {member['host']}: partitions {member['partitions']}")
     return "\n".join(lines)
 
 

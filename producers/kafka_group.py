@@ -7,6 +7,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
 from .kafka_common import bounded
+from .kafka_membership import claimed_url
 
 
 class GroupMember(msgspec.Struct, frozen=True, kw_only=True):
@@ -16,6 +17,8 @@ class GroupMember(msgspec.Struct, frozen=True, kw_only=True):
     client_id: str
     host: str
     partitions: list[int]
+    url: str = ""
+    """The node's URL from its PRME claim ("" for a worker or a client that is not PRME's)."""
 
 
 async def describe_group(
@@ -37,6 +40,7 @@ async def describe_group(
                         client_id=member["client_id"],
                         host=member["client_host"],
                         partitions=partitions,
+                        url=claimed_url(member["member_metadata"]),
                     )
                 )
     return sorted(members, key=lambda m: (m.partitions, m.member_id))

@@ -28,6 +28,14 @@ _claims = msgspec.json.Decoder(MemberClaim)
 _maps = msgspec.json.Decoder(ClusterMap)
 
 
+def claimed_url(metadata: bytes) -> str:
+    """The URL a member's subscription metadata claims ("" when it claims none)."""
+    try:
+        return _claims.decode(ConsumerProtocolMemberMetadata.decode(metadata).user_data).url
+    except Exception:  # a member of another protocol or an older PRME: no URL to show
+        return ""
+
+
 def plan_cluster(
     claims: Mapping[str, MemberClaim], partitions: Iterable[int], standby_replicas: int = 0
 ) -> dict[str, ClusterMember]:

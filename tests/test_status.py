@@ -69,7 +69,8 @@ async def prme_status(*args: str) -> tuple[int, str, str]:
     return process.returncode or 0, out.decode(), err.decode()
 
 
-async def check_status(settings: Settings, provider: Any) -> dict[str, Any]:
+async def check_status(settings: Settings, provider: Any) -> tuple[dict[str, Any], str, str]:
+    """The status as JSON, as text, and the URL of the node that gave it."""
     async with serving(settings, provider) as url, httpx.AsyncClient(base_url=url) as client:
         for owner, count in WRITES.items():
             for i in range(count):
@@ -95,11 +96,11 @@ async def check_status(settings: Settings, provider: Any) -> dict[str, Any]:
     assert status["embedding"]["mismatched_partitions"] == []
     assert "partition" in text and "lag 0 records" in text
     assert "alice" not in out and "remembers" not in out
-    return status
+    return status, text, url
 
 
 async def test_status_on_the_local_log(local_settings: Settings, hashed_provider: Any) -> None:
-    status = await check_status(local_settings, hashed_provider)
+    status, _, _ = await check_status(local_settings, hashed_provider)
     assert status["transport"] == "local" and status["group_members"] is None
     assert sum(p["log_end"] for p in status["partitions"]) == sum(WRITES.values())
 
@@ -108,10 +109,12 @@ async def test_status_on_the_local_log(local_settings: Settings, hashed_provider
 async def test_status_on_kafka_names_the_group_members(
     kafka_settings: Settings, hashed_provider: Any
 ) -> None:
-    status = await check_status(kafka_settings, hashed_provider)
+    status, text, url = await check_status(kafka_settings, hashed_provider)
     assert status["transport"] == "kafka" and status["group"] == "prme-projectors"
     ours = [m for m in status["group_members"] if m["partitions"]]
     assert len(ours) == 1 and ours[0]["partitions"] == [0, 1, 2, 3]
+    # Each member by its node's URL (a trial found every one named by the client id).
+    assert ours[0]["url"] == url and f"member {url} at " in text
 
 
 async def test_status_without_a_service_says_so(unused_tcp_port: int) -> None:
