@@ -137,7 +137,7 @@ class Metrics:
             "prme_cluster_forwards",
             "Requests (and read-your-writes waits) sent to the node that owns the owner's "
             "partition, by outcome: forwarded, not_owner (retried), unreachable (retried), "
-            "refused (a hop either way refused for the cluster secret)",
+            "refused (a hop, sent or received, refused: the nodes' cluster keys differ)",
             ("outcome",),
         )
         self.standby_promotions = counter(
