@@ -185,6 +185,51 @@ async def test_shards_take_turns_to_decode_and_write_but_not_to_embed(
     assert turns.gates_together > 0
 
 
+async def test_a_rebuilds_last_catch_up_takes_the_owned_shards_turn(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records written during a rebuild are replayed into the staged shard under the
+    partition's lock, which the partition's live batches wait on: that last replay takes
+    the owned shards' gate, not a turn behind the background gate's replay chunks."""
+    settings = local_settings.replace(log={"partitions": 1})
+    await _fill(settings, 300, owners=3)
+    gates: list[tuple[str, int, object]] = []  # (shard folder, first offset, gate held)
+    apply_all = Shard._apply_all
+
+    def noted(shard: Shard, live: Any, projected: list[ProjectedRecord]) -> Any:
+        gates.append((shard.directory.name, projected[0].offset, shard.apply_gate))
+        return apply_all(shard, live, projected)
+
+    monkeypatch.setattr(Shard, "_apply_all", noted)
+    transport = open_transport(settings)
+    await transport.start()
+    runner = ProjectorRunner(settings, transport, hashed_provider)
+    replay = runner._replay
+    producer = Producer(transport)
+
+    async def writes_after_the_bulk(staged: Shard, partition: int, *args: Any) -> int:
+        replayed = await replay(staged, partition, *args)
+        if staged.apply_gate is runner._background_gate:  # the bulk: now write 20 more
+            for index in range(20):
+                await producer.append_message(MessageDraft(owner="user0", content=f"late {index}"))
+        return replayed
+
+    monkeypatch.setattr(runner, "_replay", writes_after_the_bulk)
+    try:
+        await runner.start()
+        await runner.catch_up(timeout_s=60)
+        replayed = await runner.rebuild(processes=1)
+        await runner.catch_up(timeout_s=60)
+    finally:
+        await runner.close()
+        await transport.close()
+    assert replayed == {0: 320}
+    staged = [(offset, gate) for folder, offset, gate in gates if folder.endswith(".rebuild")]
+    assert {gate for offset, gate in staged if offset < 300} == {runner._background_gate}
+    assert {gate for offset, gate in staged if offset >= 300} == {runner._apply_gate}
+    assert runner._apply_gate is not runner._background_gate
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 async def test_rebuild_reports_progress_and_keeps_every_digest(
     local_settings: Settings,
