@@ -6,7 +6,12 @@ through the default model would take ~15 minutes, and vectors of two models are 
 comparable, so the packs are built and queried with ``HashedBagOfWordsProvider`` at the
 default model's dimension (384): the vector store's cost depends on the dimension and the
 point count, not on the model. The default model's query-embedding latency is measured
-separately, and the total is stated as ``engine p95 + embed p95``.
+separately, and the total is stated as ``engine p95 + embed p95``. It is also measured:
+each pack is reopened with ``RealModelQueries`` (the hashed documents' identity, queries
+embedded by the default model on its query session), so every retrieve embeds its query
+with the real model in the loop, overlapping the lexical channel as it does in service
+(``with_real_model.<layout>.measured``; the model's vectors land anywhere among the hashed
+ones, which is what a search costs the same for).
 
 In-process: ``MemoryEngine.retrieve`` wall time. HTTP: the same pack served by
 ``query.serve.run_server`` (uvicorn, in a thread with its own event loop) and queried
@@ -31,6 +36,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -358,6 +364,43 @@ async def embed_latency(models_dir: Path, queries: int) -> LatencySummary:
     return latency_summary(samples)
 
 
+class RealModelQueries(HashedBagOfWordsProvider):
+    """The hashed provider's identity and documents; queries embedded by the default model
+    (``embed_interactive``, the path retrieval takes for a provider without
+    ``embed_query``), so a retrieve pays the real query embedding."""
+
+    def __init__(self, model: FastEmbedProvider, dimension: int) -> None:
+        super().__init__(dimension)
+        if model.dimension != dimension:
+            raise ValueError(f"the default model has {model.dimension} dimensions, not {dimension}")
+        self._model = model
+        self.queries_embedded = 0
+
+    async def embed_interactive(self, texts: Sequence[str]) -> list[list[float]]:
+        self.queries_embedded += len(texts)
+        return await self._model.embed_interactive(texts)
+
+
+async def real_query_latency(
+    settings: Settings, model: FastEmbedProvider, arguments: argparse.Namespace, owners: list[str]
+) -> dict[str, Any]:
+    """In-process retrieve latency of the pack ``settings`` name with each query embedded
+    by the default model, and how many queries the model embedded."""
+    provider = RealModelQueries(model, arguments.dimension)
+    engine = await MemoryEngine.open(settings=settings, embedding_provider=provider)
+    try:
+        summary, channels = await query_latency(
+            engine, owners, arguments.queries, arguments.warmup, seed=17
+        )
+    finally:
+        await engine.close()
+    return {
+        "in_process": summary,
+        "channels": channel_summary(channels),
+        "queries_embedded_by_model": provider.queries_embedded,
+    }
+
+
 async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     provider = HashedBagOfWordsProvider(dimension=arguments.dimension)
     spread = [f"user-{index:04d}" for index in range(arguments.owners)]
@@ -384,13 +427,17 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         for name, owners in layouts.items()
     }
     embed = await embed_latency(arguments.models_dir, arguments.queries)
-    totals = {
-        name: {
-            "p95_total_estimate_ms": round(result["in_process"].p95_ms + embed.p95_ms, 3),
-            "meets_target": result["in_process"].p95_ms + embed.p95_ms <= TARGET_P95_MS,
+    model = FastEmbedProvider(model_path=ensure_default_model(arguments.models_dir))
+    totals: dict[str, dict[str, Any]] = {}
+    for name, owners in layouts.items():
+        measured = await real_query_latency(
+            pack_settings(work / name, arguments), model, arguments, owners
+        )
+        totals[name] = {
+            "p95_total_estimate_ms": round(results[name]["in_process"].p95_ms + embed.p95_ms, 3),
+            "measured": measured,
+            "meets_target": measured["in_process"].p95_ms <= TARGET_P95_MS,
         }
-        for name, result in results.items()
-    }
     return {
         "benchmark": "retrieve_latency",
         "machine": machine(),
@@ -398,7 +445,8 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             "packs built and queried with HashedBagOfWordsProvider at dimension "
             f"{arguments.dimension} (vector-store cost depends on dimension and point "
             "count, not the model); the default model's query embedding is timed "
-            "separately; total p95 estimate = engine p95 + embed p95"
+            "separately (total p95 estimate = engine p95 + embed p95) and in the loop "
+            "(with_real_model.*.measured: queries embedded by the default model)"
         ),
         "target_p95_ms": TARGET_P95_MS,
         "top_k": 10,

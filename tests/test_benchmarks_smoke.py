@@ -119,6 +119,11 @@ def test_retrieve_benchmark_reports_engine_http_and_embedding_latency(
         assert total == pytest.approx(
             layout["in_process"]["p95_ms"] + report["real_model_embed_query"]["p95_ms"], abs=0.01
         )
+        # Measured with the model in the loop: every query (warm-up too) went through it.
+        measured = report["with_real_model"][name]["measured"]
+        assert measured["in_process"]["samples"] == 8
+        assert measured["queries_embedded_by_model"] == 8 + 2
+        assert "vector" in measured["channels"]
 
 
 @pytest.mark.kafka
