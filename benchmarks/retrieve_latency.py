@@ -64,6 +64,8 @@ from prme.schemas.config import QdrantSettings, Settings
 from prme.schemas.metrics import Metrics
 
 TARGET_P95_MS = 50.0
+TARGET_ONE_OWNER_P95_MS = 12.0
+"""Issue 14: 100k memories of one owner, in-process p95 with the query embedding."""
 TARGET_METRICS_RATIO = 1.05
 LOAD_BATCH = 1000
 
@@ -438,6 +440,9 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             "measured": measured,
             "meets_target": measured["in_process"].p95_ms <= TARGET_P95_MS,
         }
+    totals["single_owner"]["meets_one_owner_target"] = (
+        totals["single_owner"]["measured"]["in_process"].p95_ms <= TARGET_ONE_OWNER_P95_MS
+    )
     return {
         "benchmark": "retrieve_latency",
         "machine": machine(),
@@ -449,6 +454,7 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             "(with_real_model.*.measured: queries embedded by the default model)"
         ),
         "target_p95_ms": TARGET_P95_MS,
+        "target_one_owner_with_model_p95_ms": TARGET_ONE_OWNER_P95_MS,
         "top_k": 10,
         "queries": arguments.queries,
         "layouts": results,

@@ -124,6 +124,11 @@ def test_retrieve_benchmark_reports_engine_http_and_embedding_latency(
         assert measured["in_process"]["samples"] == 8
         assert measured["queries_embedded_by_model"] == 8 + 2
         assert "vector" in measured["channels"]
+    one_owner = report["with_real_model"]["single_owner"]
+    assert one_owner["meets_one_owner_target"] == (
+        one_owner["measured"]["in_process"]["p95_ms"]
+        <= report["target_one_owner_with_model_p95_ms"]
+    )
 
 
 @pytest.mark.kafka
