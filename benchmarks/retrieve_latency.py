@@ -351,10 +351,9 @@ def recording_cost_us(repeats: int = 5, requests: int = 20_000) -> dict[str, Any
     return {"per_request_us_median": round(median(runs), 2), "runs_us": [round(r, 2) for r in runs]}
 
 
-async def embed_latency(models_dir: Path, queries: int) -> LatencySummary:
+async def embed_latency(provider: FastEmbedProvider, queries: int) -> LatencySummary:
     """The default model's time to embed one short query (no cache), on the query session
     (``embed_interactive``) that retrieval uses."""
-    provider = FastEmbedProvider(model_path=ensure_default_model(models_dir))
     await provider.embed_interactive(["warm the model up outside the timings"])
     rng = random.Random(9)
     samples: list[float] = []
@@ -428,8 +427,8 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         name: await layout(name, work / name, provider, arguments, owners)
         for name, owners in layouts.items()
     }
-    embed = await embed_latency(arguments.models_dir, arguments.queries)
     model = FastEmbedProvider(model_path=ensure_default_model(arguments.models_dir))
+    embed = await embed_latency(model, arguments.queries)
     totals: dict[str, dict[str, Any]] = {}
     for name, owners in layouts.items():
         measured = await real_query_latency(

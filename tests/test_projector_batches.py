@@ -26,6 +26,7 @@ from prme.projectors.model import ProjectedRecord
 from prme.projectors.runner import (
     MAX_BATCH_FACTOR,
     REBUILD_CONCURRENCY,
+    STAGING_SUFFIX,
     ProjectorRunner,
     StagedPartition,
     next_batch_size,
@@ -224,9 +225,9 @@ async def test_a_rebuilds_last_catch_up_takes_the_owned_shards_turn(
         await runner.close()
         await transport.close()
     assert replayed == {0: 320}
-    staged = [(offset, gate) for folder, offset, gate in gates if folder.endswith(".rebuild")]
-    assert {gate for offset, gate in staged if offset < 300} == {runner._background_gate}
-    assert {gate for offset, gate in staged if offset >= 300} == {runner._apply_gate}
+    staged = [(o, gate) for folder, o, gate in gates if folder.endswith(STAGING_SUFFIX)]
+    assert {gate for o, gate in staged if o < 300} == {runner._background_gate}
+    assert {gate for o, gate in staged if o >= 300} == {runner._apply_gate}
     assert runner._apply_gate is not runner._background_gate
 
 
