@@ -9,7 +9,10 @@ owners' data keys from the ``<topic>.keys`` topic; ``prme_kafka_plain`` the same
 ``log.seal_records`` off, ``prme_kafka_inline`` sealed but built in-process. The baseline
 is an ``AIOKafkaProducer`` (``acks=all``, idempotent, no transactions) sending the same
 keys to the same partitions: ``bare_aiokafka`` the sealed values prme writes (same sizes;
-one key per owner), ``bare_aiokafka_plain`` the plain encoded records. Runs are
+one key per owner) with ``send`` per record, as the issue's baseline; ``bare_aiokafka_plain``
+the plain encoded records. prme's transport hands the producer record batches it builds
+(``producers/kafka_batches.py``); ``bare_aiokafka_batches`` sends the sealed values the same
+way, with no prme code: the floor of the engine, reported beside the baseline. Runs are
 interleaved so machine noise hits each alike; medians are quoted.
 
     python -m benchmarks.ingest_throughput [--messages 100000] [--runs 3]
@@ -43,6 +46,7 @@ from benchmarks.common import (
 from prme.producers.factory import open_key_store
 from prme.producers.ingest import draft_from_line, ingest_lines
 from prme.producers.ingest_build import builder_process
+from prme.producers.kafka_batches import RECORD_BATCH_BYTES
 from prme.producers.kafka_log import KafkaLogTransport
 from prme.producers.keys import KeyStore, LocalKeyStore
 from prme.producers.local_log import LocalLogTransport
@@ -167,6 +171,52 @@ async def bare_aiokafka(
     return len(items) / elapsed
 
 
+async def bare_aiokafka_batches(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    items: list[tuple[bytes, bytes, int]],
+    batch_size: int,
+) -> float:
+    """Records/s of the same producer sending ``items`` through aiokafka's batch API
+    (``create_batch``/``send_batch``, batches of ``RECORD_BATCH_BYTES`` as prme's), in
+    chunks of ``batch_size`` items: the engine's floor, not the issue's baseline."""
+    async with KafkaLogTransport(bootstrap, topic, partitions) as admin:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            client_id="prme-bench-bare-batches",
+            acks="all",
+            enable_idempotence=True,
+            max_batch_size=RECORD_BATCH_BYTES,
+        )
+        await producer.start()
+        try:
+            started = time.perf_counter()
+            deliveries = []
+            for first in range(0, len(items), batch_size):
+                open_batches: dict[int, Any] = {}
+                for key, value, partition in items[first : first + batch_size]:
+                    batch = open_batches.get(partition)
+                    if batch is None:
+                        batch = open_batches[partition] = producer.create_batch()
+                    if batch.append(timestamp=None, key=key, value=value) is None:
+                        deliveries.append(
+                            await producer.send_batch(batch, topic, partition=partition)
+                        )
+                        batch = open_batches[partition] = producer.create_batch()
+                        batch.append(timestamp=None, key=key, value=value)
+                for partition, batch in open_batches.items():
+                    deliveries.append(await producer.send_batch(batch, topic, partition=partition))
+            await asyncio.gather(*deliveries)
+            elapsed = time.perf_counter() - started
+        finally:
+            await producer.stop()
+        written = sum((await admin.end_offsets()).values())
+    if written != len(items):
+        raise RuntimeError(f"bare batch producer wrote {written} of {len(items)} records")
+    return len(items) / elapsed
+
+
 async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     source = work / "messages.jsonl"
     sizes = write_jsonl(source, arguments.messages, arguments.owners)
@@ -187,6 +237,7 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
                 rates[name] = []
             rates["bare_aiokafka"] = []
             rates["bare_aiokafka_plain"] = []
+            rates["bare_aiokafka_batches"] = []
         for run in range(arguments.runs):
             rates["build_only"].append(build_only(source, partitions))
             local = LocalLogTransport(work / f"local-{run}" / "log.sqlite3", partitions)
@@ -220,6 +271,11 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
             rates["bare_aiokafka_plain"].append(
                 await bare_aiokafka(bootstrap, bare_topic + "-plain", partitions, plain_items)
             )
+            rates["bare_aiokafka_batches"].append(
+                await bare_aiokafka_batches(
+                    bootstrap, bare_topic + "-batches", partitions, items, arguments.batch_size
+                )
+            )
     medians = {name: round(median(values), 1) for name, values in rates.items()}
     bare = medians.get("bare_aiokafka", 0.0)
     bare_plain = medians.get("bare_aiokafka_plain", 0.0)
@@ -236,7 +292,9 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         "baseline": (
             "bare AIOKafkaProducer, acks=all, enable_idempotence=True, no transactions, same "
             "keys/partitions, all sends in flight then awaited: bare_aiokafka sends the "
-            "sealed values (the bytes prme writes), bare_aiokafka_plain the plain ones"
+            "sealed values (the bytes prme writes) with send() per record, "
+            "bare_aiokafka_plain the plain ones; bare_aiokafka_batches the sealed values "
+            "through create_batch/send_batch in RECORD_BATCH_BYTES batches (the engine's floor)"
         ),
         "messages": arguments.messages,
         "owners": arguments.owners,
@@ -255,6 +313,9 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
                 medians.get("prme_kafka_plain", 0.0), bare_plain
             ),
             "prme_kafka_to_bare_aiokafka_plain": ratio(medians.get("prme_kafka", 0.0), bare_plain),
+            "prme_kafka_to_bare_aiokafka_batches": ratio(
+                medians.get("prme_kafka", 0.0), medians.get("bare_aiokafka_batches", 0.0)
+            ),
             "local_to_bare_aiokafka": ratio(medians["local"], bare),
             "local_to_build_only": ratio(medians["local"], medians["build_only"]),
         },

@@ -18,6 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from prme.schemas.errors import ConfigurationError, TransportError
 
+from .kafka_batches import RECORD_BATCH_BYTES, enqueue_batches
 from .kafka_common import (
     bounded,
     positive_partitions,
@@ -126,7 +127,7 @@ class KafkaChangelog:
                     client_id=self._client_id,
                     enable_idempotence=True,
                     acks="all",
-                    linger_ms=5,
+                    max_batch_size=RECORD_BATCH_BYTES,
                     max_request_size=_FETCH_BYTES,
                     request_timeout_ms=timeout_ms,
                 ),
@@ -171,11 +172,9 @@ class KafkaChangelog:
             return
         self._check(partition)
         producer = self._require(self._producer)
-        deliveries = [
-            await producer.send(self._topic, value, key=key, partition=partition)
-            for key, value in records
-        ]
-        await bounded(asyncio.gather(*deliveries), self._timeout_s, "changelog publish")
+        addressed = [(partition, key, value) for key, value in records]
+        enqueued = await enqueue_batches(producer, self._topic, addressed)
+        await bounded(enqueued.positions(), self._timeout_s, "changelog publish")
 
     async def end_offset(self, partition: int) -> int:
         """The offset the next record of ``partition`` will get."""

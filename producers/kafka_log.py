@@ -22,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from prme.schemas.cluster import ClusterMap
 from prme.schemas.errors import ConfigurationError, TransportError
 
+from .kafka_batches import RECORD_BATCH_BYTES, enqueue_batches
 from .kafka_common import bounded, entry_of, reading, standalone_reader, stop_quietly
 from .kafka_consumer import KafkaLogConsumer
 from .kafka_group import GroupMember, describe_group
@@ -168,6 +169,7 @@ class KafkaLogTransport:
                 enable_idempotence=True,
                 acks="all",
                 request_timeout_ms=self._timeout_ms,
+                max_batch_size=RECORD_BATCH_BYTES,
             )
             await bounded(producer.start(), self._timeout_s, "producer start")
             self._producer = producer
@@ -335,22 +337,19 @@ class KafkaLogTransport:
         return written
 
     async def _send_many(self, items: Sequence[LogItem]) -> list[Position]:
-        """Enqueue every item on the idempotent producer, then await them together; items
-        with a dedupe key take the one-by-one path that checks it."""
+        """Enqueue every item on the idempotent producer as record batches, then await them
+        together; items with a dedupe key take the one-by-one path that checks it."""
         if any(item.dedupe_key is not None for item in items):
             return list(await asyncio.gather(*(self.append(item) for item in items)))
         producer = self._require(self._producer)
-        # A send waits when the producer's buffer is full; the lock keeps batches appended
+        # Enqueueing waits when a partition's queue is full; the lock keeps batches appended
         # at once from interleaving there, so each owner's records keep the callers' order.
         async with self._enqueue_lock:
-            futures = [
-                await producer.send(
-                    self._topic, item.value, key=item.key, partition=self.partition_for(item.key)
-                )
-                for item in items
-            ]
-        written = await bounded(asyncio.gather(*futures), self._timeout_s, "append")
-        return [Position(m.partition, m.offset) for m in written]
+            enqueued = await enqueue_batches(producer, self._topic, self._addressed(items))
+        return await bounded(enqueued.positions(), self._timeout_s, "append")
+
+    def _addressed(self, items: Sequence[LogItem]) -> list[tuple[int, bytes, bytes]]:
+        return [(self.partition_for(item.key), item.key, item.value) for item in items]
 
     async def _send_transaction(self, items: Sequence[LogItem]) -> list[Position]:
         async with self._txn_lock:
@@ -370,14 +369,8 @@ class KafkaLogTransport:
         self, producer: AIOKafkaProducer, items: Sequence[LogItem]
     ) -> list[Position]:
         async with producer.transaction():
-            deliveries = [
-                await producer.send(
-                    self._topic, item.value, key=item.key, partition=self.partition_for(item.key)
-                )
-                for item in items
-            ]
-            sent = await asyncio.gather(*deliveries)
-        return [Position(m.partition, m.offset) for m in sent]
+            enqueued = await enqueue_batches(producer, self._topic, self._addressed(items))
+            return await enqueued.positions()
 
     async def _transactional_producer(self) -> AIOKafkaProducer:
         self._require(self._producer)
@@ -389,6 +382,7 @@ class KafkaLogTransport:
                 enable_idempotence=True,
                 acks="all",
                 request_timeout_ms=self._timeout_ms,
+                max_batch_size=RECORD_BATCH_BYTES,
             )
             await bounded(producer.start(), self._timeout_s, "transactional producer start")
             self._txn_producer = producer

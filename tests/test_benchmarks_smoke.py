@@ -47,6 +47,7 @@ def test_ingest_benchmark_compares_prme_with_bare_aiokafka(
         "prme_kafka_inline",
         "bare_aiokafka",
         "bare_aiokafka_plain",
+        "bare_aiokafka_batches",
     }
     assert all(rate > 0 for rate in rates.values())
     assert 250 <= report["input"]["mean_line_bytes"] <= 350

@@ -98,6 +98,44 @@ class TransportContract:
             values = [v for _, k, v in await _read_all(transport, partition) if k == owner.encode()]
             assert values == [f"{owner}{i}".encode() for i in range(50)]
 
+    @pytest.mark.parametrize("atomic", [False, True])
+    async def test_appends_larger_than_a_record_batch_keep_positions_and_order(
+        self, transport: LogTransport, atomic: bool
+    ) -> None:
+        # ~600 kB per owner and call: several of Kafka's record batches (RECORD_BATCH_BYTES),
+        # from two callers at once, plus one value larger than a whole batch.
+        def items(tag: str) -> list[LogItem]:
+            return [
+                _item(owner, f"{tag}-{owner}-{i:04d}-" + "x" * 1_000)
+                for i in range(300)
+                for owner in ("alice", "bob")
+            ] + [_item("alice", f"{tag}-alice-big-" + "y" * 300_000)]
+
+        first, second = items("first"), items("second")
+        written = await asyncio.gather(
+            transport.append_many(first, atomic=atomic),
+            transport.append_many(second, atomic=atomic),
+        )
+        for batch, positions in zip((first, second), written, strict=True):
+            assert len(positions) == len(batch)
+            for item, position in zip(batch, positions, strict=True):
+                assert position.partition == transport.partition_for(item.key)
+        for owner in ("alice", "bob"):
+            partition = transport.partition_for(owner.encode())
+            stored = {
+                offset: value
+                for offset, key, value in await _read_all(transport, partition)
+                if key == owner.encode()
+            }
+            for batch, positions in zip((first, second), written, strict=True):
+                mine = [
+                    (position.offset, item.value)
+                    for item, position in zip(batch, positions, strict=True)
+                    if item.key == owner.encode()
+                ]
+                assert [stored[offset] for offset, _ in mine] == [value for _, value in mine]
+                assert [offset for offset, _ in mine] == sorted(offset for offset, _ in mine)
+
     async def test_read_respects_offset_and_max_records(self, transport: LogTransport) -> None:
         positions = [await transport.append(_item("alice", str(i))) for i in range(10)]
         partition = positions[0].partition
