@@ -207,6 +207,7 @@ async def _ingest_built(
         BUILD_AHEAD,
         BUILD_CHUNK,
         SEALING_OWNERS,
+        WORKER_QUEUE,
         BuiltLine,
         build_lines,
         decode_built,
@@ -284,8 +285,9 @@ async def _ingest_built(
         before: asyncio.Future[None] | None,
         done: asyncio.Future[None],
     ) -> list[BuiltLine]:
-        """Chunk ``first`` built by the worker once the one ``before`` it is back, so it
-        goes with the keys known by then; ``done`` is set when it is back."""
+        """Chunk ``first`` built by the worker once ``before`` (an earlier chunk) is back
+        and its owners' keys are ready, so it goes with them; ``done`` is set when this
+        chunk is back and its keys are ready."""
         try:
             if before is not None:
                 await asyncio.wait([before])
@@ -293,20 +295,23 @@ async def _ingest_built(
             data = await loop.run_in_executor(
                 builder, build_lines, first, chunk, producer.limits, keys
             )
+            lines = decode_built(data)
+            await remember(lines)
+            return lines
         finally:
             if not done.done():
                 done.set_result(None)
-        lines = decode_built(data)
-        await remember(lines)
-        return lines
 
-    handed: asyncio.Future[None] | None = None  # set when the chunk last handed over is back
+    # Set as each of the chunks last handed over is back (and its keys ready): a chunk goes
+    # to the worker once the one WORKER_QUEUE before it is, so the worker has the next
+    # chunks queued while the parent takes one back and creates its owners' keys.
+    handed: collections.deque[asyncio.Future[None]] = collections.deque(maxlen=WORKER_QUEUE)
 
     def submit(first: int, chunk: list[bytes]) -> None:
-        nonlocal handed
         done = loop.create_future()
-        pending.append(asyncio.ensure_future(built(first, chunk, handed, done)))
-        handed = done
+        before = handed[0] if len(handed) == WORKER_QUEUE else None
+        pending.append(asyncio.ensure_future(built(first, chunk, before, done)))
+        handed.append(done)
 
     going = True
     number, chunk = 1, []
