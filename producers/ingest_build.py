@@ -27,7 +27,7 @@ import msgspec
 
 from prme.schemas.config import LimitsSettings
 from prme.schemas.errors import InvalidInput
-from prme.schemas.sealing import DataKey, Sealer
+from prme.schemas.sealing import DataKey, Sealer, record_envelope
 
 from .local_log import LocalLogTransport
 from .producer import Producer, log_item
@@ -85,7 +85,8 @@ def build_lines(
         item = log_item(record)
         key = keys.get(record.owner) if keys else None
         if key is not None:
-            item = msgspec.structs.replace(item, value=sealer.seal(item.value, key))
+            sealed = sealer.seal(item.value, key, record_envelope(record))
+            item = msgspec.structs.replace(item, value=sealed)
         built.append(BuiltLine(number, item, record.event_id, None, record.owner, key is not None))
     return msgspec.msgpack.encode(built)
 

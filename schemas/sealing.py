@@ -92,6 +92,21 @@ def envelope_of(data: bytes) -> Envelope:
         raise RecordDecodeError(f"invalid record envelope: {error}") from error
 
 
+def record_envelope(record: AnyRecord) -> Envelope:
+    """``envelope_of`` the record's encoding, read from the record itself (no decode)."""
+    return Envelope(
+        v=record.v,
+        kind=kind_of(record),
+        event_id=record.event_id,
+        owner=record.owner,
+        session_id=record.session_id,
+        scope=record.scope,
+        recorded_at=record.recorded_at,
+        occurred_at=record.occurred_at,
+        request_id=record.request_id,
+    )
+
+
 def key_ref(data: bytes) -> KeyRef | None:
     """The ``(owner, kid)`` a record's bytes need to be opened; ``None`` for a plain record
     (or bytes that are not a record: opening them reports why)."""

@@ -23,7 +23,10 @@ from prme.schemas.sealing import (
     envelope_of,
     is_sealed,
     new_data_key,
+    record_envelope,
 )
+
+from . import record_builders as build
 
 SECRET = "zebra-7731-secret"
 
@@ -63,6 +66,28 @@ def test_a_sealed_record_keeps_its_envelope_readable_and_its_private_fields_unre
     assert envelope.request_id == "r1" and envelope.kid == key.kid
     record, opened = Sealer().open(sealed, key.key)
     assert record == message() and opened == plain
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        message(),
+        message(occurred_at=datetime(2025, 12, 31, 23, 59, 59, 123456, tzinfo=UTC)),
+        message(request_id=None, scope="default", session_id="default"),
+        build.cleared("0190a1b2-0000-7000-8000-000000000002"),
+        build.archived("0190a1b2-0000-7000-8000-000000000003", "node-1"),
+        build.erased("0190a1b2-0000-7000-8000-000000000004"),
+    ],
+)
+def test_a_records_envelope_read_from_it_equals_the_one_decoded_from_its_bytes(
+    record: Any,
+) -> None:
+    plain = encode_record(record)
+    assert record_envelope(record) == envelope_of(plain)
+    key = new_data_key()
+    sealed = Sealer().seal(plain, key, record_envelope(record))
+    opened, plain_again = Sealer().open(sealed, key.key)
+    assert opened == record and plain_again == plain
 
 
 def test_without_its_key_a_sealed_record_opens_as_an_erased_envelope() -> None:
