@@ -13,7 +13,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -275,12 +275,13 @@ class KafkaLogTransport:
     async def append_many(self, items: Sequence[LogItem], *, atomic: bool = True) -> list[Position]:
         """Append all items in one Kafka transaction: every item is committed or none is.
 
-        Items whose ``dedupe_key`` was already appended through this transport are not
-        written again and get their first position. With ``atomic=False`` the items go
-        through the idempotent producer concurrently instead (no transaction: faster, and
-        a failure may leave some of them written).
+        Items whose ``dedupe_key`` was already appended through this transport (or is
+        being appended, or repeats one earlier in ``items``) are not written again and get
+        the first position. With ``atomic=False`` the items go through the idempotent
+        producer instead (no transaction: faster, and a failure may leave some of them
+        written); either way they go as record batches.
         """
-        if not atomic:
+        if not atomic and all(item.dedupe_key is None for item in items):
             return await self._send_many(items)
         positions: list[Position | None] = [None] * len(items)
         batch_keys: dict[str, int] = {}
@@ -303,7 +304,8 @@ class KafkaLogTransport:
                     batch_keys[key] = index
                 to_write.append(index)
         if to_write:
-            written = await self._send_claimed([items[i] for i in to_write], list(batch_keys))
+            send = self._send_transaction if atomic else self._send_many
+            written = await self._send_claimed([items[i] for i in to_write], list(batch_keys), send)
             for index, position in zip(to_write, written, strict=True):
                 positions[index] = position
         for index, future in pending.items():
@@ -313,15 +315,20 @@ class KafkaLogTransport:
                 positions[index] = positions[batch_keys[item.dedupe_key]]
         return [p for p in positions if p is not None]
 
-    async def _send_claimed(self, items: list[LogItem], keys: list[str]) -> list[Position]:
-        """``_send_transaction(items)`` with ``keys`` (theirs) marked in flight meanwhile, so
-        a concurrent append of one of them waits for this one's position instead of
-        writing the record again."""
+    async def _send_claimed(
+        self,
+        items: list[LogItem],
+        keys: list[str],
+        send: Callable[[Sequence[LogItem]], Awaitable[list[Position]]],
+    ) -> list[Position]:
+        """``send(items)`` with ``keys`` (theirs) marked in flight meanwhile, so a
+        concurrent append of one of them waits for this one's position instead of writing
+        the record again."""
         loop = asyncio.get_running_loop()
         futures = {key: loop.create_future() for key in keys}
         self._in_flight.update(futures)
         try:
-            written = await self._send_transaction(items)
+            written = await send(items)
         except BaseException as error:
             for future in futures.values():
                 future.set_exception(error)
@@ -338,9 +345,7 @@ class KafkaLogTransport:
 
     async def _send_many(self, items: Sequence[LogItem]) -> list[Position]:
         """Enqueue every item on the idempotent producer as record batches, then await them
-        together; items with a dedupe key take the one-by-one path that checks it."""
-        if any(item.dedupe_key is not None for item in items):
-            return list(await asyncio.gather(*(self.append(item) for item in items)))
+        together (dedupe keys are ``append_many``'s to check)."""
         producer = self._require(self._producer)
         # Enqueueing waits when a partition's queue is full; the lock keeps batches appended
         # at once from interleaving there, so each owner's records keep the callers' order.

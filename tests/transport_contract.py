@@ -162,6 +162,32 @@ class TransportContract:
         values = [v for _, _, v in await _read_all(transport, first.partition)]
         assert values.count(b"together") == 1
 
+    @pytest.mark.parametrize("atomic", [False, True])
+    async def test_append_many_writes_each_dedupe_key_once(
+        self, transport: LogTransport, atomic: bool
+    ) -> None:
+        first = await transport.append(_item("alice", "one", dedupe_key="alice\x1freq-1"))
+        batch = [
+            _item("alice", "one", dedupe_key="alice\x1freq-1"),  # already on the log
+            _item("alice", "two", dedupe_key="alice\x1freq-2"),
+            _item("alice", "plain"),
+            _item("alice", "two", dedupe_key="alice\x1freq-2"),  # repeats one before it
+            _item("alice", "three", dedupe_key="alice\x1freq-3"),
+        ]
+        # Two callers at once with the same keys: every key is written by one of them.
+        written = await asyncio.gather(
+            transport.append_many(batch, atomic=atomic),
+            transport.append_many(batch, atomic=atomic),
+        )
+        for positions in written:
+            assert positions[0] == first
+            assert positions[1] == positions[3]
+        assert written[0][1] == written[1][1] and written[0][4] == written[1][4]
+        values = sorted(
+            v for _, k, v in await _read_all(transport, first.partition) if k == b"alice"
+        )
+        assert values == sorted([b"one", b"two", b"three", b"plain", b"plain"])
+
     async def test_forgotten_dedupe_keys_are_written_again(self, transport: LogTransport) -> None:
         first = await transport.append(_item("alice", "old", dedupe_key="alice\x1freq-1"))
         kept = await transport.append(_item("alicia", "hers", dedupe_key="alicia\x1freq-1"))
