@@ -38,7 +38,16 @@ class EnqueuedBatches:
         self._sent.append((delivery, indexes))
 
     async def positions(self) -> list[Position]:
-        delivered = await asyncio.gather(*(delivery for delivery, _ in self._sent))
+        # Every batch's outcome is collected (a failed batch's exception is retrieved even
+        # when an earlier one failed too); the first failure is raised.
+        outcomes = await asyncio.gather(
+            *(delivery for delivery, _ in self._sent), return_exceptions=True
+        )
+        delivered: list[RecordMetadata] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            delivered.append(outcome)
         positions: list[Position | None] = [None] * self._count
         for metadata, (_, indexes) in zip(delivered, self._sent, strict=True):
             # A batch's records take consecutive offsets from its base offset.
