@@ -145,6 +145,7 @@ class KafkaChangelog:
                 self._timeout_s,
                 "changelog reader start",
             )
+            await self.end_offsets(range(self._partitions))  # as KafkaLogTransport.start
         except BaseException:
             await self.close()
             raise

@@ -34,6 +34,8 @@ from .transport import LogEntry, LogItem, Membership, Position
 T = TypeVar("T")
 
 DEFAULT_TOPIC = "prme.events"
+_MARKER_POLL_S = 0.002
+"""How often a read waits for the markers of a transaction this transport committed."""
 DEDUPE_CAPACITY = 100_000
 DEDUPE_TTL_S = 60.0
 """How long a process answers a request id from its map. A later retry is appended again:
@@ -126,6 +128,8 @@ class KafkaLogTransport:
         self._enqueue_lock = asyncio.Lock()
         self._reader: AIOKafkaConsumer | None = None
         self._read_lock = asyncio.Lock()
+        self._committed: dict[int, int] = {}
+        """Per partition, the last offset a transaction of this transport committed."""
 
     @property
     def partitions(self) -> int:
@@ -181,6 +185,10 @@ class KafkaLogTransport:
             )
             await bounded(reader.start(), self._timeout_s, "reader start")
             self._reader = reader
+            # A topic just created answers NOT_LEADER for ~0.1 s after its metadata shows
+            # leaders; the reader's offset request waits that out quietly, so the first
+            # appends are not retried with a warning per partition.
+            await self.end_offsets()
             if self._stable_txn_id is not None:
                 # Initialising a stable transactional id fences a crashed predecessor and
                 # aborts its open transaction, which would otherwise hold back the LSO.
@@ -375,7 +383,11 @@ class KafkaLogTransport:
     ) -> list[Position]:
         async with producer.transaction():
             enqueued = await enqueue_batches(producer, self._topic, self._addressed(items))
-            return await enqueued.positions()
+            positions = await enqueued.positions()
+        for position in positions:
+            if position.offset > self._committed.get(position.partition, -1):
+                self._committed[position.partition] = position.offset
+        return positions
 
     async def _transactional_producer(self) -> AIOKafkaProducer:
         self._require(self._producer)
@@ -402,7 +414,7 @@ class KafkaLogTransport:
         reader = self._require(self._reader)
         tp = TopicPartition(self._topic, partition)
         async with self._read_lock:
-            end = (await bounded(reader.end_offsets([tp]), self._timeout_s, "end offsets"))[tp]
+            end = (await self._visible_ends(reader, [tp]))[tp]
             if offset >= end:
                 return []
             with reading(reader, tp, offset):
@@ -427,8 +439,26 @@ class KafkaLogTransport:
         """Next offset per partition as a read_committed reader sees it (the LSO)."""
         reader = self._require(self._reader)
         tps = [TopicPartition(self._topic, p) for p in range(self._partitions)]
-        ends = await bounded(reader.end_offsets(tps), self._timeout_s, "end offsets")
+        ends = await self._visible_ends(reader, tps)
         return {tp.partition: offset for tp, offset in ends.items()}
+
+    async def _visible_ends(
+        self, reader: AIOKafkaConsumer, tps: list[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """The end offsets of ``tps``, once they include every record this transport's
+        transactions committed: a commit returns before the broker has written the
+        transaction's markers, and a read_committed reader sees nothing past the first
+        open transaction (the LSO) until then, so a read right after an atomic append
+        could miss what it had just written."""
+
+        async def fetch() -> dict[TopicPartition, int]:
+            while True:
+                ends: dict[TopicPartition, int] = await reader.end_offsets(tps)
+                if all(ends[tp] > self._committed.get(tp.partition, -1) for tp in tps):
+                    return ends
+                await asyncio.sleep(_MARKER_POLL_S)
+
+        return await bounded(fetch(), self._timeout_s, "end offsets")
 
     async def group_members(self, group: str) -> list[GroupMember]:
         """The members of consumer group ``group`` and the partitions of this topic each
