@@ -143,24 +143,37 @@ def build_only(path: Path, partitions: int) -> float:
 
 
 async def bare_aiokafka(
-    bootstrap: str, topic: str, partitions: int, items: list[tuple[bytes, bytes, int]]
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    items: list[tuple[bytes, bytes, int]],
+    *,
+    batch_api_chunk: int | None = None,
 ) -> float:
-    """Records/s of a plain idempotent ``acks=all`` producer sending ``items``."""
+    """Records/s of a plain idempotent ``acks=all`` producer sending ``items``: ``send`` per
+    record (the issue's baseline), or with ``batch_api_chunk``, through aiokafka's batch API
+    (``create_batch``/``send_batch``, batches of ``RECORD_BATCH_BYTES`` as prme's) in chunks
+    of that many items, with no prme code: the engine's floor."""
     # The prme transport creates the topic with the same settings, outside the timing.
     async with KafkaLogTransport(bootstrap, topic, partitions) as admin:
+        batch_options = {} if batch_api_chunk is None else {"max_batch_size": RECORD_BATCH_BYTES}
         producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             client_id="prme-bench-bare",
             acks="all",
             enable_idempotence=True,
+            **batch_options,
         )
         await producer.start()
         try:
             started = time.perf_counter()
-            deliveries = [
-                await producer.send(topic, value, key=key, partition=partition)
-                for key, value, partition in items
-            ]
+            if batch_api_chunk is None:
+                deliveries = [
+                    await producer.send(topic, value, key=key, partition=partition)
+                    for key, value, partition in items
+                ]
+            else:
+                deliveries = await send_batches(producer, topic, items, batch_api_chunk)
             await asyncio.gather(*deliveries)
             elapsed = time.perf_counter() - started
         finally:
@@ -171,50 +184,25 @@ async def bare_aiokafka(
     return len(items) / elapsed
 
 
-async def bare_aiokafka_batches(
-    bootstrap: str,
-    topic: str,
-    partitions: int,
-    items: list[tuple[bytes, bytes, int]],
-    batch_size: int,
-) -> float:
-    """Records/s of the same producer sending ``items`` through aiokafka's batch API
-    (``create_batch``/``send_batch``, batches of ``RECORD_BATCH_BYTES`` as prme's), in
-    chunks of ``batch_size`` items: the engine's floor, not the issue's baseline."""
-    async with KafkaLogTransport(bootstrap, topic, partitions) as admin:
-        producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            client_id="prme-bench-bare-batches",
-            acks="all",
-            enable_idempotence=True,
-            max_batch_size=RECORD_BATCH_BYTES,
-        )
-        await producer.start()
-        try:
-            started = time.perf_counter()
-            deliveries = []
-            for first in range(0, len(items), batch_size):
-                open_batches: dict[int, Any] = {}
-                for key, value, partition in items[first : first + batch_size]:
-                    batch = open_batches.get(partition)
-                    if batch is None:
-                        batch = open_batches[partition] = producer.create_batch()
-                    if batch.append(timestamp=None, key=key, value=value) is None:
-                        deliveries.append(
-                            await producer.send_batch(batch, topic, partition=partition)
-                        )
-                        batch = open_batches[partition] = producer.create_batch()
-                        batch.append(timestamp=None, key=key, value=value)
-                for partition, batch in open_batches.items():
-                    deliveries.append(await producer.send_batch(batch, topic, partition=partition))
-            await asyncio.gather(*deliveries)
-            elapsed = time.perf_counter() - started
-        finally:
-            await producer.stop()
-        written = sum((await admin.end_offsets()).values())
-    if written != len(items):
-        raise RuntimeError(f"bare batch producer wrote {written} of {len(items)} records")
-    return len(items) / elapsed
+async def send_batches(
+    producer: AIOKafkaProducer, topic: str, items: list[tuple[bytes, bytes, int]], chunk: int
+) -> list[asyncio.Future[Any]]:
+    """``items`` handed to ``producer`` as record batches, one open batch per partition in
+    each chunk of ``chunk`` items; the batches' deliveries."""
+    deliveries = []
+    for first in range(0, len(items), chunk):
+        open_batches: dict[int, Any] = {}
+        for key, value, partition in items[first : first + chunk]:
+            batch = open_batches.get(partition)
+            if batch is None:
+                batch = open_batches[partition] = producer.create_batch()
+            if batch.append(timestamp=None, key=key, value=value) is None:
+                deliveries.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = open_batches[partition] = producer.create_batch()
+                batch.append(timestamp=None, key=key, value=value)
+        for partition, batch in open_batches.items():
+            deliveries.append(await producer.send_batch(batch, topic, partition=partition))
+    return deliveries
 
 
 async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -272,8 +260,12 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
                 await bare_aiokafka(bootstrap, bare_topic + "-plain", partitions, plain_items)
             )
             rates["bare_aiokafka_batches"].append(
-                await bare_aiokafka_batches(
-                    bootstrap, bare_topic + "-batches", partitions, items, arguments.batch_size
+                await bare_aiokafka(
+                    bootstrap,
+                    bare_topic + "-batches",
+                    partitions,
+                    items,
+                    batch_api_chunk=arguments.batch_size,
                 )
             )
     medians = {name: round(median(values), 1) for name, values in rates.items()}
