@@ -281,7 +281,8 @@ class KafkaLogTransport:
         self._dedupe.forget(prefix)
 
     async def append_many(self, items: Sequence[LogItem], *, atomic: bool = True) -> list[Position]:
-        """Append all items in one Kafka transaction: every item is committed or none is.
+        """Append all items in one Kafka transaction: every item is committed or none is
+        (one item to write goes without a transaction: it is all or nothing by itself).
 
         Items whose ``dedupe_key`` was already appended through this transport (or is
         being appended, or repeats one earlier in ``items``) are not written again and get
@@ -312,7 +313,10 @@ class KafkaLogTransport:
                     batch_keys[key] = index
                 to_write.append(index)
         if to_write:
-            send = self._send_transaction if atomic else self._send_many
+            # One record is all or nothing without a transaction, which would cost a round
+            # trip to the coordinator and, begun right after another, often a ~20 ms wait
+            # for the last one's markers (CONCURRENT_TRANSACTIONS).
+            send = self._send_transaction if atomic and len(to_write) > 1 else self._send_many
             written = await self._send_claimed([items[i] for i in to_write], list(batch_keys), send)
             for index, position in zip(to_write, written, strict=True):
                 positions[index] = position

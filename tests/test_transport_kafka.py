@@ -109,6 +109,19 @@ async def test_failed_atomic_append_leaves_nothing_visible(
         await transport.close()
 
 
+async def test_an_atomic_append_of_one_record_needs_no_transaction(
+    transport: KafkaLogTransport,
+) -> None:
+    # One record is all or nothing by itself: no transaction (and no ~20 ms wait for the
+    # previous one's markers when writes follow each other).
+    positions = [(await transport.append_many([_item("alice", f"m{i}")]))[0] for i in range(5)]
+    assert transport._txn_producer is None
+    values = [e.value for e in await transport.read(positions[0].partition, positions[0].offset)]
+    assert values == [f"m{i}".encode() for i in range(5)]
+    await transport.append_many([_item("alice", "x"), _item("bob", "y")])
+    assert transport._txn_producer is not None  # two records: one transaction
+
+
 async def test_open_transaction_is_invisible_until_committed(
     transport: KafkaLogTransport,
 ) -> None:
