@@ -19,11 +19,21 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.structs import RecordMetadata
 
+from prme.schemas.errors import TransportError
+
 from .transport import Position
 
 RECORD_BATCH_BYTES = 256 * 1024
 """``max_batch_size`` of prme's producers: a quarter of the broker's default
 ``message.max.bytes`` (1 MiB), so a full batch is always accepted."""
+
+
+MAX_RECORD_BYTES = 1_000_000
+"""The largest key plus value a record may have: a batch of it alone stays under the
+broker's default ``message.max.bytes`` (1,048,588). ``AIOKafkaProducer.send`` refused larger
+records before sending; ``send_batch`` does not, and a batch the broker refuses has used up
+its sequence numbers, so the idempotent producer's later batches to that partition would
+fail (``OutOfOrderSequenceNumber``)."""
 
 
 class EnqueuedBatches:
@@ -61,11 +71,20 @@ async def enqueue_batches(
     topic: str,
     records: Sequence[tuple[int, bytes, bytes | None]],
 ) -> EnqueuedBatches:
-    """Hand ``records`` (``(partition, key, value)``; a ``None`` value is a tombstone) to ``producer`` as record batches, one
-    open batch per partition, each partition's records in the order given. Returns once
-    every batch is enqueued (a full partition queue waits for the sender to take its last
-    batch); delivery is awaited with ``positions()``. Callers that enqueue concurrently
-    must take turns (a lock) for their records to keep their order in a partition."""
+    """Hand ``records`` (``(partition, key, value)``; a ``None`` value is a tombstone) to
+    ``producer`` as record batches, one open batch per partition, each partition's records
+    in the order given. Returns once every batch is enqueued (a full partition queue waits
+    for the sender to take its last batch); delivery is awaited with ``positions()``.
+    Callers that enqueue concurrently must take turns (a lock) for their records to keep
+    their order in a partition. A record over ``MAX_RECORD_BYTES`` raises
+    ``TransportError`` before anything is sent."""
+    for _, key, value in records:
+        size = len(key) + len(value or b"")
+        if size > MAX_RECORD_BYTES:
+            raise TransportError(
+                f"kafka: a record of {size} bytes is over the {MAX_RECORD_BYTES} a record may "
+                "have; nothing was sent"
+            )
     enqueued = EnqueuedBatches(len(records))
     open_batches: dict[int, tuple[BatchBuilder, list[int]]] = {}
     for index, (partition, key, value) in enumerate(records):

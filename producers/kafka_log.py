@@ -34,8 +34,11 @@ from .transport import LogEntry, LogItem, Membership, Position
 T = TypeVar("T")
 
 DEFAULT_TOPIC = "prme.events"
-_MARKER_POLL_S = 0.002
-"""How often a read waits for the markers of a transaction this transport committed."""
+_OWN_WRITES_POLL_S = 0.002
+_OWN_WRITES_WAIT_S = 1.0
+"""How long a read waits for this transport's own writes to become visible (a transaction's
+markers land within milliseconds); past it, something else holds the partition back (a
+transaction of another producer, a recreated topic) and the read answers what is visible."""
 DEDUPE_CAPACITY = 100_000
 DEDUPE_TTL_S = 60.0
 """How long a process answers a request id from its map. A later retry is appended again:
@@ -128,8 +131,8 @@ class KafkaLogTransport:
         self._enqueue_lock = asyncio.Lock()
         self._reader: AIOKafkaConsumer | None = None
         self._read_lock = asyncio.Lock()
-        self._committed: dict[int, int] = {}
-        """Per partition, the last offset a transaction of this transport committed."""
+        self._written: dict[int, int] = {}
+        """Per partition, the last offset this transport wrote (see ``_ends_with_own``)."""
 
     @property
     def partitions(self) -> int:
@@ -275,7 +278,9 @@ class KafkaLogTransport:
             self._timeout_s,
             "append",
         )
-        return Position(metadata.partition, metadata.offset)
+        position = Position(metadata.partition, metadata.offset)
+        self._note_written([position])
+        return position
 
     async def forget_dedupe(self, prefix: str) -> None:
         self._dedupe.forget(prefix)
@@ -313,10 +318,13 @@ class KafkaLogTransport:
                     batch_keys[key] = index
                 to_write.append(index)
         if to_write:
-            # One record is all or nothing without a transaction, which would cost a round
-            # trip to the coordinator and, begun right after another, often a ~20 ms wait
-            # for the last one's markers (CONCURRENT_TRANSACTIONS).
-            send = self._send_transaction if atomic and len(to_write) > 1 else self._send_many
+            send = (
+                self._send_many
+                if not atomic
+                else self._send_transaction
+                if len(to_write) > 1
+                else self._send_alone
+            )
             written = await self._send_claimed([items[i] for i in to_write], list(batch_keys), send)
             for index, position in zip(to_write, written, strict=True):
                 positions[index] = position
@@ -363,7 +371,18 @@ class KafkaLogTransport:
         # at once from interleaving there, so each owner's records keep the callers' order.
         async with self._enqueue_lock:
             enqueued = await enqueue_batches(producer, self._topic, self._addressed(items))
-        return await bounded(enqueued.positions(), self._timeout_s, "append")
+        positions = await bounded(enqueued.positions(), self._timeout_s, "append")
+        self._note_written(positions)
+        return positions
+
+    async def _send_alone(self, items: Sequence[LogItem]) -> list[Position]:
+        """One record of an atomic append: all or nothing by itself, so it goes through the
+        idempotent producer (a transaction would cost a round trip to the coordinator and,
+        begun right after another, often a ~20 ms wait for the last one's markers:
+        CONCURRENT_TRANSACTIONS). It takes the transactions' lock, so atomic appends keep
+        their call order and none of this transport's transactions is open meanwhile."""
+        async with self._txn_lock:
+            return await self._send_many(items)
 
     def _addressed(self, items: Sequence[LogItem]) -> list[tuple[int, bytes, bytes]]:
         return [(self.partition_for(item.key), item.key, item.value) for item in items]
@@ -388,10 +407,13 @@ class KafkaLogTransport:
         async with producer.transaction():
             enqueued = await enqueue_batches(producer, self._topic, self._addressed(items))
             positions = await enqueued.positions()
-        for position in positions:
-            if position.offset > self._committed.get(position.partition, -1):
-                self._committed[position.partition] = position.offset
+        self._note_written(positions)  # committed
         return positions
+
+    def _note_written(self, positions: Sequence[Position]) -> None:
+        for position in positions:
+            if position.offset > self._written.get(position.partition, -1):
+                self._written[position.partition] = position.offset
 
     async def _transactional_producer(self) -> AIOKafkaProducer:
         self._require(self._producer)
@@ -417,8 +439,8 @@ class KafkaLogTransport:
             raise ValueError("offset must be >= 0 and max_records > 0")
         reader = self._require(self._reader)
         tp = TopicPartition(self._topic, partition)
+        end = (await self._ends_with_own(reader, [tp]))[tp]
         async with self._read_lock:
-            end = (await self._visible_ends(reader, [tp]))[tp]
             if offset >= end:
                 return []
             with reading(reader, tp, offset):
@@ -443,26 +465,29 @@ class KafkaLogTransport:
         """Next offset per partition as a read_committed reader sees it (the LSO)."""
         reader = self._require(self._reader)
         tps = [TopicPartition(self._topic, p) for p in range(self._partitions)]
-        ends = await self._visible_ends(reader, tps)
+        ends = await self._ends_with_own(reader, tps)
         return {tp.partition: offset for tp, offset in ends.items()}
 
-    async def _visible_ends(
+    async def _ends_with_own(
         self, reader: AIOKafkaConsumer, tps: list[TopicPartition]
     ) -> dict[TopicPartition, int]:
-        """The end offsets of ``tps``, once they include every record this transport's
-        transactions committed: a commit returns before the broker has written the
-        transaction's markers, and a read_committed reader sees nothing past the first
-        open transaction (the LSO) until then, so a read right after an atomic append
-        could miss what it had just written."""
-
-        async def fetch() -> dict[TopicPartition, int]:
-            while True:
-                ends: dict[TopicPartition, int] = await reader.end_offsets(tps)
-                if all(ends[tp] > self._committed.get(tp.partition, -1) for tp in tps):
-                    return ends
-                await asyncio.sleep(_MARKER_POLL_S)
-
-        return await bounded(fetch(), self._timeout_s, "end offsets")
+        """The end offsets of ``tps``, once they include what this transport wrote there, so
+        a read right after an append sees it: a commit returns before the broker has
+        written the transaction's markers, and a read_committed reader sees nothing past
+        the first open transaction (the LSO) until then. Waits at most
+        ``_OWN_WRITES_WAIT_S``; a partition still behind then is no longer waited for."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _OWN_WRITES_WAIT_S
+        while True:
+            ends = await bounded(reader.end_offsets(tps), self._timeout_s, "end offsets")
+            behind = [tp for tp in tps if ends[tp] <= self._written.get(tp.partition, -1)]
+            if not behind:
+                return ends
+            if loop.time() >= deadline:
+                for tp in behind:
+                    self._written.pop(tp.partition, None)
+                return ends
+            await asyncio.sleep(_OWN_WRITES_POLL_S)
 
     async def group_members(self, group: str) -> list[GroupMember]:
         """The members of consumer group ``group`` and the partitions of this topic each

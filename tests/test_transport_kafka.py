@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -120,6 +121,70 @@ async def test_an_atomic_append_of_one_record_needs_no_transaction(
     assert values == [f"m{i}".encode() for i in range(5)]
     await transport.append_many([_item("alice", "x"), _item("bob", "y")])
     assert transport._txn_producer is not None  # two records: one transaction
+
+
+async def test_a_one_record_atomic_append_keeps_its_place_behind_a_transaction(
+    transport: KafkaLogTransport,
+) -> None:
+    # Issued while a two-record transaction is under way, the one-record append (no
+    # transaction of its own) still lands after it, as atomic appends always did.
+    await asyncio.gather(
+        transport.append_many([_item("alice", "first"), _item("alice", "second")]),
+        transport.append_many([_item("alice", "third")]),
+    )
+    partition = transport.partition_for(b"alice")
+    assert [e.value for e in await transport.read(partition, 0)] == [b"first", b"second", b"third"]
+
+
+async def test_a_record_too_large_for_kafka_is_refused_before_anything_is_sent(
+    transport: KafkaLogTransport,
+) -> None:
+    # Sent, the broker would refuse its batch after the idempotent producer had used its
+    # sequence numbers, and every later append to the partition would fail.
+    for atomic in (True, False):
+        with pytest.raises(TransportError, match="nothing was sent"):
+            await transport.append_many(
+                [_item("alice", "small"), LogItem(b"alice", b"x" * 1_500_000)], atomic=atomic
+            )
+    after = await transport.append_many([_item("alice", "next")])
+    await transport.append_many([_item("alice", "and"), _item("alice", "more")], atomic=False)
+    values = [e.value for e in await transport.read(after[0].partition, 0)]
+    assert values == [b"next", b"and", b"more"]
+
+
+async def test_reads_behind_another_producers_open_transaction_answer_what_is_visible(
+    transport: KafkaLogTransport, kafka_bootstrap: str
+) -> None:
+    partition = transport.partition_for(b"alice")
+    neighbour = next(
+        o for o in ("bob", "carol", "dave") if transport.partition_for(o.encode()) != partition
+    )
+    elsewhere = transport.partition_for(neighbour.encode())
+    other = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap, transactional_id=f"other-{uuid.uuid4().hex}"
+    )
+    await other.start()
+    try:
+        await other.begin_transaction()
+        await (await other.send(transport.topic, b"open", key=b"alice", partition=partition))
+        await transport.append_many([_item("alice", "a"), _item("alice", "b")])
+        finished: list[str] = []
+
+        async def read(name: str, at: int) -> list[bytes]:
+            values = [e.value for e in await transport.read(at, 0)]
+            finished.append(name)
+            return values
+
+        await transport.append_many([_item(neighbour, "free")])
+        held, free = await asyncio.gather(read("held", partition), read("free", elsewhere))
+        # Our records sit behind the other producer's open transaction: the read answers
+        # what is visible instead of failing, and holds no read of another partition.
+        assert held == [] and free == [b"free"] and finished == ["free", "held"]
+        assert (await transport.end_offsets())[partition] == 0
+        await other.abort_transaction()
+        assert [e.value for e in await transport.read(partition, 0)] == [b"a", b"b"]
+    finally:
+        await other.stop()
 
 
 async def test_open_transaction_is_invisible_until_committed(
