@@ -47,6 +47,12 @@ class EnqueuedBatches:
     def add(self, delivery: asyncio.Future[RecordMetadata], indexes: list[int]) -> None:
         self._sent.append((delivery, indexes))
 
+    def abandon(self) -> None:
+        """Nobody will await these deliveries: retrieve each one's failure when it comes,
+        so none is logged as never retrieved."""
+        for delivery, _ in self._sent:
+            delivery.add_done_callback(_retrieve)
+
     async def positions(self) -> list[Position]:
         # Every batch's outcome is collected (a failed batch's exception is retrieved even
         # when an earlier one failed too); the first failure is raised.
@@ -64,6 +70,11 @@ class EnqueuedBatches:
             for relative, index in enumerate(indexes):
                 positions[index] = Position(metadata.partition, metadata.offset + relative)
         return [position for position in positions if position is not None]
+
+
+def _retrieve(delivery: asyncio.Future[RecordMetadata]) -> None:
+    if not delivery.cancelled():
+        delivery.exception()
 
 
 async def enqueue_batches(
@@ -87,18 +98,22 @@ async def enqueue_batches(
             )
     enqueued = EnqueuedBatches(len(records))
     open_batches: dict[int, tuple[BatchBuilder, list[int]]] = {}
-    for index, (partition, key, value) in enumerate(records):
-        held = open_batches.get(partition)
-        if held is None:
-            held = open_batches[partition] = (producer.create_batch(), [])
-        batch, indexes = held
-        if batch.append(timestamp=None, key=key, value=value) is None:
+    try:
+        for index, (partition, key, value) in enumerate(records):
+            held = open_batches.get(partition)
+            if held is None:
+                held = open_batches[partition] = (producer.create_batch(), [])
+            batch, indexes = held
+            if batch.append(timestamp=None, key=key, value=value) is None:
+                enqueued.add(await producer.send_batch(batch, topic, partition=partition), indexes)
+                batch, indexes = producer.create_batch(), []
+                open_batches[partition] = (batch, indexes)
+                # An empty batch takes any first record (a larger one makes a batch of one).
+                batch.append(timestamp=None, key=key, value=value)
+            indexes.append(index)
+        for partition, (batch, indexes) in open_batches.items():
             enqueued.add(await producer.send_batch(batch, topic, partition=partition), indexes)
-            batch, indexes = producer.create_batch(), []
-            open_batches[partition] = (batch, indexes)
-            # An empty batch takes any first record (a larger one makes a batch of one).
-            batch.append(timestamp=None, key=key, value=value)
-        indexes.append(index)
-    for partition, (batch, indexes) in open_batches.items():
-        enqueued.add(await producer.send_batch(batch, topic, partition=partition), indexes)
+    except BaseException:
+        enqueued.abandon()  # the caller gets this error, not the positions
+        raise
     return enqueued

@@ -1,11 +1,14 @@
-"""Closing Kafka clients is best effort, but never hides the caller's own cancellation."""
+"""Closing Kafka clients is best effort, but never hides the caller's own cancellation;
+batch deliveries nobody awaits never surface as unretrieved errors."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
+from prme.producers.kafka_batches import EnqueuedBatches
 from prme.producers.kafka_common import stop_quietly
 from prme.producers.kafka_log import DedupeCache
 from prme.producers.transport import Position
@@ -49,3 +52,26 @@ def test_a_request_id_is_answered_from_the_map_for_its_time_only() -> None:
     cache.put("b", Position(0, 2))
     cache.put("c", Position(0, 3))  # over capacity: the least recently used goes
     assert (cache.get("a"), cache.get("c")) == (None, Position(0, 3))
+
+
+async def test_abandoned_batch_deliveries_are_not_reported_as_never_retrieved() -> None:
+    # enqueue_batches raising after some batches were handed to the producer: nobody awaits
+    # those deliveries, and a failure of theirs must not surface as an unretrieved error.
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
+    try:
+        for abandon in (False, True):
+            enqueued = EnqueuedBatches(1)
+            delivery: asyncio.Future[object] = loop.create_future()
+            enqueued.add(delivery, [0])  # type: ignore[arg-type]
+            if abandon:
+                enqueued.abandon()
+            delivery.set_exception(RuntimeError("broker refused the batch"))
+            await asyncio.sleep(0)  # the done callbacks run
+            del delivery, enqueued
+            gc.collect()
+            assert len(reported) == (0 if abandon else 1)
+            reported.clear()
+    finally:
+        loop.set_exception_handler(None)
