@@ -44,7 +44,7 @@ from benchmarks.common import (
     run_benchmark,
 )
 from prme.producers.factory import open_key_store
-from prme.producers.ingest import draft_from_line, ingest_lines
+from prme.producers.ingest import INGEST_BATCH, ingest_lines, message_from_line
 from prme.producers.ingest_build import builder_process
 from prme.producers.kafka_batches import RECORD_BATCH_BYTES
 from prme.producers.kafka_log import KafkaLogTransport
@@ -53,7 +53,6 @@ from prme.producers.local_log import LocalLogTransport
 from prme.producers.partitioner import partition_for_key
 from prme.producers.producer import Producer
 from prme.producers.transport import LogTransport
-from prme.schemas.codec import encode_record
 from prme.schemas.config import LogSettings, Settings
 from prme.schemas.sealing import Sealer, new_data_key
 
@@ -84,9 +83,8 @@ def encoded_items(path: Path, partitions: int) -> list[tuple[bytes, bytes, int]]
     items: list[tuple[bytes, bytes, int]] = []
     with open(path, "rb") as handle:
         for line in handle:
-            record = draft_from_line(line, producer)
-            key = record.owner.encode()
-            items.append((key, encode_record(record), partition_for_key(key, partitions)))
+            _, item = message_from_line(line, producer)
+            items.append((item.key, item.value, partition_for_key(item.key, partitions)))
     return items
 
 
@@ -317,7 +315,9 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_options(parser, messages=100_000, owners=1000, partitions=12)
-    parser.add_argument("--batch-size", type=int, default=500, help="as `prme ingest`")
+    parser.add_argument(
+        "--batch-size", type=int, default=INGEST_BATCH, help="lines per append, as `prme ingest`"
+    )
     add_broker_options(parser)
     run_benchmark(parser, measure, argv)
 

@@ -79,11 +79,23 @@ def _require_log(settings: Settings) -> None:
         raise ConfigurationError(f"no PRME log in {settings.data_dir}")
 
 
+def _ingest_batch_size(text: str) -> int:
+    from prme.producers.ingest import check_batch_size
+    from prme.schemas.errors import InvalidInput
+
+    try:
+        size = int(text)
+        check_batch_size(size)
+    except (ValueError, InvalidInput) as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return size
+
+
 async def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from prme.producers.factory import open_key_store, open_transport
-    from prme.producers.ingest import ingest_lines
+    from prme.producers.ingest import INGEST_BATCH, ingest_lines
     from prme.producers.ingest_build import BUILD_CHUNK, builder_process
     from prme.producers.producer import Producer
 
@@ -104,7 +116,7 @@ async def _ingest(args: argparse.Namespace) -> int:
                 _read_lines(args.file),
                 Producer(transport, settings.limits, keys=keys),
                 on_error=args.on_error,
-                batch_size=args.batch_size,
+                batch_size=args.batch_size or INGEST_BATCH,
                 progress=bar.update,
                 builder=builder,
             )
@@ -501,7 +513,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="at a bad line: stop (default; the lines before it are written, none from it "
         "on) or skip it and go on; exit status 1 when it stopped",
     )
-    ingest.add_argument("--batch-size", type=int, default=500)
+    ingest.add_argument(
+        "--batch-size",
+        type=_ingest_batch_size,
+        default=None,
+        help="lines per append, 1 to 20000 (default 5000)",
+    )
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_log_options(ingest)
     ingest.set_defaults(run=lambda a: asyncio.run(_ingest(a)))
@@ -614,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from prme.schemas.errors import ConfigurationError
+    from prme.schemas.errors import ConfigurationError, TransportError
 
     args = build_parser().parse_args(argv)
     try:
@@ -622,6 +639,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as error:  # bad settings, a held data dir: one line, no traceback
         print(f"prme {args.command}: {error}", file=sys.stderr)
         return 2
+    except TransportError as error:  # the log cannot be reached (a wrong --bootstrap)
+        print(f"prme {args.command}: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"prme {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

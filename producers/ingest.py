@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
 
-from prme.schemas.errors import InvalidInput
+from prme.schemas.errors import TOO_DEEP, InvalidInput
+from prme.schemas.records import Message
 
-from .producer import MessageDraft, Producer
+from .producer import Producer
 from .transport import LogItem
 
 
@@ -58,14 +60,17 @@ class IngestSummary(msgspec.Struct, frozen=True, kw_only=True):
 _line_decoder = msgspec.json.Decoder(IngestLine)
 
 
-def draft_from_line(line: bytes | str, producer: Producer) -> Any:
-    """Parse and validate one JSONL line into a message record (raises InvalidInput)."""
+def message_from_line(line: bytes | str, producer: Producer) -> tuple[Message, LogItem]:
+    """Parse and validate one JSONL line into a message record and its log item (raises
+    InvalidInput)."""
     try:
         parsed = _line_decoder.decode(line)
     except msgspec.DecodeError as error:
         raise InvalidInput(str(error)) from error
+    except RecursionError as error:
+        raise InvalidInput(f"the line has {TOO_DEEP}") from error
     try:
-        return producer.build_message(MessageDraft(**msgspec.structs.asdict(parsed)))
+        return producer.build_message_item(msgspec.structs.asdict(parsed))
     except InvalidInput as error:  # name the fields as the line spells them
         message = str(error)
         for field, spelled in _LINE_NAMES.items():
@@ -77,62 +82,52 @@ _LINE_NAMES = {"session_id": "session", "occurred_at": "time"}
 """The draft fields a line spells otherwise (``IngestLine``)."""
 
 
+INGEST_BATCH = 5_000
+"""Lines per append. On Kafka each append goes as one record batch per partition (more
+where a partition's share passes 256 KiB), and the producer, the broker and the acks pay
+per batch: 100k sealed lines over 12 partitions,
+5 interleaved runs in one hour, lines/s 0.84x a bare producer with 500-line appends,
+0.92x with 2,000 and 0.94x with 5,000."""
+MAX_INGEST_BATCH = 20_000
+IN_FLIGHT_LINES = 20_000
+"""Lines appended and not yet acknowledged, by default (memory: ~700 bytes a sealed line of
+~300 bytes; at most 2 x MAX_INGEST_BATCH lines with the largest batches)."""
+MAX_IN_FLIGHT = 16
+"""Batches in flight at most, however small: each one sent waits on those pending (with
+20,000 one-line batches in flight, `--batch-size 1` spent its time there). 64 in flight
+measured 0.72 of 16's lines/s on Kafka (benchmarks/README.md)."""
+
+
+def check_batch_size(batch_size: int) -> None:
+    """InvalidInput unless ``batch_size`` is 1 to :data:`MAX_INGEST_BATCH` lines."""
+    if not 1 <= batch_size <= MAX_INGEST_BATCH:
+        raise InvalidInput(f"an ingest batch is 1 to {MAX_INGEST_BATCH} lines, not {batch_size}")
+
+
 async def ingest_lines(
     lines: Iterable[bytes],
     producer: Producer,
     *,
     on_error: Literal["skip", "stop"] = "stop",
-    batch_size: int = 500,
-    max_in_flight: int = 16,
+    batch_size: int = INGEST_BATCH,
+    max_in_flight: int | None = None,
     progress: Callable[[int], None] | None = None,
     builder: Executor | None = None,
 ) -> IngestSummary:
-    """Validate each line, append in batches with at most ``max_in_flight`` batches pending.
+    """Validate each line, append in batches of ``batch_size`` lines (1 to
+    :data:`MAX_INGEST_BATCH`) with at most ``max_in_flight`` batches pending (default:
+    :data:`IN_FLIGHT_LINES` lines' worth, 2 to :data:`MAX_IN_FLIGHT` batches).
 
     With ``on_error="stop"`` the first bad line stops the ingest: every line before it
-    is written, none from it on (the summary's ``stopped_at``). With ``builder`` (see
-    ``ingest_build.builder_process``) lines are built there, a few chunks ahead, while
-    this process sends: the same records and batches, built on another core.
+    is written, none from it on (the summary's ``stopped_at``). Lines are built in chunks of
+    ``BUILD_CHUNK``; with ``builder`` (see ``ingest_build.builder_process``) most chunks are
+    built there, a few ahead, while this process sends: the same records and batches,
+    built on another core.
     """
-    if builder is not None:
-        return await _ingest_built(
-            lines, producer, builder, on_error, batch_size, max_in_flight, progress
-        )
-    started = time.perf_counter()
-    hits_before = getattr(producer.transport, "dedupe_hits", 0)
-    errors: list[LineError] = []
-    sender = _InFlight(max_in_flight, progress)
-    count = 0
-    batch: list[Any] = []
-
-    async def flush() -> None:
-        nonlocal batch
-        if not batch:
-            return
-        records, batch = batch, []
-        # Lines are independent records: no transaction per batch (on Kafka that would
-        # serialise the batches in flight).
-        await sender.send(
-            functools.partial(producer.append_records, records, atomic=False), len(records)
-        )
-
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        count += 1
-        try:
-            batch.append(draft_from_line(raw, producer))
-        except InvalidInput as error:
-            errors.append(LineError(number, str(error)))
-            if on_error == "stop":
-                break
-            continue
-        if len(batch) >= batch_size:
-            await flush()
-    await flush()
-    await sender.drain()
-    duplicates = getattr(producer.transport, "dedupe_hits", 0) - hits_before
-    return _summary(started, count, sender.written - duplicates, errors, on_error, duplicates)
+    check_batch_size(batch_size)
+    if max_in_flight is None:
+        max_in_flight = max(2, min(MAX_IN_FLIGHT, IN_FLIGHT_LINES // batch_size))
+    return await _ingest(lines, producer, builder, on_error, batch_size, max_in_flight, progress)
 
 
 def _report(progress: Callable[[int], None], count: int, _task: asyncio.Task[Any]) -> None:
@@ -144,7 +139,7 @@ class _InFlight:
     the records they carry and reports each append's count to ``progress`` when it lands."""
 
     def __init__(self, limit: int, progress: Callable[[int], None] | None) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: dict[asyncio.Task[Any], None] = {}  # in the order they were sent
         self._limit = limit
         self._progress = progress
         self.written = 0
@@ -153,21 +148,38 @@ class _InFlight:
         """Start ``append()`` once fewer than ``limit`` are pending (a failed one raises)."""
         while len(self._tasks) >= self._limit:
             done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+            if any(task.cancelled() or task.exception() is not None for task in done):
+                await self.drain()  # the others end first: none is left unretrieved
             for task in done:
-                self._tasks.discard(task)
-                task.result()
+                del self._tasks[task]
         task = asyncio.ensure_future(append())
-        self._tasks.add(task)
+        self._tasks[task] = None
         self.written += count
         if self._progress is not None:
             task.add_done_callback(functools.partial(_report, self._progress, count))
 
     async def drain(self) -> None:
-        """Wait for every append still pending; raise the first failure."""
-        if self._tasks:
-            for task in await asyncio.gather(*self._tasks, return_exceptions=True):
-                if isinstance(task, BaseException):
-                    raise task
+        """Wait for every append still pending; raise the failure of the first one sent
+        that failed."""
+        tasks, self._tasks = list(self._tasks), {}
+        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    @contextlib.asynccontextmanager
+    async def settled(self) -> AsyncIterator[None]:
+        """Drains on the way out. When the block fails or is cancelled, the appends in
+        flight end first (they are not cancelled: each was sent after the one before it, so
+        what is on the log is the file's first lines, not a prefix with holes) and the
+        block's error is raised, so no append goes on, or fails unseen, after the ingest
+        returned."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await self.drain()
+            raise
+        await self.drain()
 
 
 def _summary(
@@ -192,23 +204,28 @@ def _summary(
     )
 
 
-async def _ingest_built(
+async def _ingest(
     lines: Iterable[bytes],
     producer: Producer,
-    builder: Executor,
+    builder: Executor | None,
     on_error: Literal["skip", "stop"],
     batch_size: int,
     max_in_flight: int,
     progress: Callable[[int], None] | None,
 ) -> IngestSummary:
-    """``ingest_lines`` with the building done by ``builder``: the same batching, limits,
-    error handling and summary."""
+    """``ingest_lines``: chunks built by ``builder`` (all but every ``LOCAL_EVERY``-th) or
+    here (every chunk, without a builder), taken back in file order, batched and sent."""
+    from prme.schemas.sealing import Sealer
+
     from .ingest_build import (
         BUILD_AHEAD,
         BUILD_CHUNK,
+        LOCAL_EVERY,
+        LOCAL_SLICE,
         SEALING_OWNERS,
         WORKER_QUEUE,
         BuiltLine,
+        build_chunk,
         build_lines,
         decode_built,
     )
@@ -218,11 +235,15 @@ async def _ingest_built(
     loop = asyncio.get_running_loop()
     errors: list[LineError] = []
     sender = _InFlight(max_in_flight, progress)
-    pending: collections.deque[asyncio.Future[list[BuiltLine]]] = collections.deque()
+    # Chunks in file order: a worker's (its future) or one this process builds when its turn
+    # comes (its first line number and lines).
+    pending: collections.deque[asyncio.Future[list[BuiltLine]] | tuple[int, list[bytes]]] = (
+        collections.deque()
+    )
     count = 0
     batch: list[LogItem] = []
     event_ids: list[str] = []
-    unsealed: list[int] = []  # the batch's items the worker did not seal
+    unsealed: list[int] = []  # the batch's items not sealed when they were built
 
     async def flush() -> None:
         nonlocal batch, event_ids, unsealed
@@ -292,6 +313,7 @@ async def _ingest_built(
             if before is not None:
                 await asyncio.wait([before])
             keys = producer.held_sealing_keys(recent) if recent else None
+            assert builder is not None
             data = await loop.run_in_executor(
                 builder, build_lines, first, chunk, producer.limits, keys
             )
@@ -302,39 +324,65 @@ async def _ingest_built(
             if not done.done():
                 done.set_result(None)
 
+    sealer = Sealer()
+
+    async def here(first: int, chunk: list[bytes]) -> list[BuiltLine]:
+        """Chunk ``first`` built in this process, ``LOCAL_SLICE`` lines between two turns of
+        the event loop (so sends and acknowledgements go on meanwhile)."""
+        keys = producer.held_sealing_keys(recent) if recent else None
+        lines: list[BuiltLine] = []
+        for start in range(0, len(chunk), LOCAL_SLICE):
+            part = chunk[start : start + LOCAL_SLICE]
+            lines.extend(build_chunk(first + start, part, producer, sealer, keys))
+            await asyncio.sleep(0)
+        await remember(lines)
+        return lines
+
+    async def next_built() -> list[BuiltLine]:
+        chunk = pending.popleft()
+        return await (here(*chunk) if isinstance(chunk, tuple) else chunk)
+
     # Set as each of the chunks last handed over is back (and its keys ready): a chunk goes
     # to the worker once the one WORKER_QUEUE before it is, so the worker has the next
     # chunks queued while the parent takes one back and creates its owners' keys.
     handed: collections.deque[asyncio.Future[None]] = collections.deque(maxlen=WORKER_QUEUE)
+    submitted = 0
 
     def submit(first: int, chunk: list[bytes]) -> None:
+        nonlocal submitted
+        submitted += 1
+        if builder is None or submitted % LOCAL_EVERY == 0:
+            pending.append((first, chunk))
+            return
         done = loop.create_future()
         before = handed[0] if len(handed) == WORKER_QUEUE else None
         pending.append(asyncio.ensure_future(built(first, chunk, before, done)))
         handed.append(done)
 
+    ahead = BUILD_AHEAD if builder is not None else 0  # chunks built or building ahead
     going = True
     number, chunk = 1, []
-    try:
-        for raw in lines:
-            chunk.append(raw)
-            if len(chunk) < BUILD_CHUNK:
-                continue
-            submit(number, chunk)
-            number, chunk = number + len(chunk), []
-            while going and len(pending) > BUILD_AHEAD:  # chunks building while one is sent
-                going = await take(await pending.popleft())
-            if not going:
-                break
-        if going and chunk:
-            submit(number, chunk)
-        while going and pending:
-            going = await take(await pending.popleft())
-    finally:
-        for future in pending:
-            future.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-    await flush()
-    await sender.drain()
+    async with sender.settled():
+        try:
+            for raw in lines:
+                chunk.append(raw)
+                if len(chunk) < BUILD_CHUNK:
+                    continue
+                submit(number, chunk)
+                number, chunk = number + len(chunk), []
+                while going and len(pending) > ahead:
+                    going = await take(await next_built())
+                if not going:
+                    break
+            if going and chunk:
+                submit(number, chunk)
+            while going and pending:
+                going = await take(await next_built())
+        finally:
+            futures = [future for future in pending if isinstance(future, asyncio.Future)]
+            for future in futures:
+                future.cancel()
+            await asyncio.gather(*futures, return_exceptions=True)
+        await flush()
     duplicates = getattr(producer.transport, "dedupe_hits", 0) - hits_before
     return _summary(started, count, sender.written - duplicates, errors, on_error, duplicates)

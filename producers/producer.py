@@ -19,7 +19,7 @@ import uuid_utils
 
 from prme.schemas.codec import encode_record
 from prme.schemas.config import LimitsSettings
-from prme.schemas.errors import InvalidInput, TransportError, patterns_in_words
+from prme.schemas.errors import TOO_DEEP, InvalidInput, TransportError, patterns_in_words
 from prme.schemas.metrics import Metrics, transport_label
 from prme.schemas.records import (
     PATTERN_WORDS,
@@ -228,22 +228,34 @@ class Producer:
 
     def build_message(self, draft: MessageDraft) -> Message:
         """The validated ``message`` record for ``draft`` (raises InvalidInput)."""
-        check_owner(draft.owner)
-        check_content(draft.content, draft.tool_calls)
+        return self.build_message_item(msgspec.structs.asdict(draft))[0]
+
+    def build_message_item(self, fields: dict[str, Any]) -> tuple[Message, LogItem]:
+        """``build_message`` of a draft's ``fields`` (a dict of ``MessageDraft`` fields,
+        taken over; absent ones keep their defaults) and the record's log item, encoded
+        once: the bulk path, with no draft built and no second encoding."""
+        try:
+            return self._message_item(fields)
+        except RecursionError as error:
+            raise InvalidInput(f"the message has {TOO_DEEP}") from error
+
+    def _message_item(self, fields: dict[str, Any]) -> tuple[Message, LogItem]:
+        check_owner(fields["owner"])
+        check_content(fields["content"], fields.get("tool_calls", ()))
         for name in ("metadata", "fields"):
-            self._check_json(name, getattr(draft, name))
+            self._check_json(name, fields.get(name, {}))
         for name in ("content", "tool_calls", "metadata", "fields"):
-            check_numbers(getattr(draft, name), f"$.{name}")
-        fields = msgspec.structs.asdict(draft)
+            check_numbers(fields.get(name), f"$.{name}")
+        request_id = fields.get("request_id")
         event_id = (
-            request_event_id(draft.owner, draft.request_id)
-            if isinstance(draft.request_id, str) and draft.request_id
+            request_event_id(fields["owner"], request_id)
+            if isinstance(request_id, str) and request_id
             else new_event_id()
         )
         fields.update(kind="message", event_id=event_id, recorded_at=_now())
-        message = _convert(fields, Message)
+        message, encoded = _convert(fields, Message)
         self._check_content_size(message)
-        return message
+        return message, log_item(message, encoded)
 
     def build_control(self, kind: ControlKind, owner: str, **fields: Any) -> Record:
         """The validated control or lifecycle record ``kind`` (raises InvalidInput)."""
@@ -255,7 +267,7 @@ class Producer:
         if kind == "node_superseded":
             check_supersede(fields.get("node_id", ""), fields.get("by_node_id", ""))
         fields.update(kind=kind, owner=owner, event_id=new_event_id(), recorded_at=_now())
-        return _convert(fields, record_type)
+        return _convert(fields, record_type)[0]
 
     def build_replacement(
         self, owner: str, session_id: str, scope: str, drafts: Sequence[MessageDraft]
@@ -276,7 +288,7 @@ class Producer:
                 self.build_message(msgspec.structs.replace(draft, request_id=f"{request_id}:{i}"))
                 for i, draft in enumerate(drafts)
             ]
-        marker = _convert(
+        marker, _ = _convert(
             {
                 "kind": "history_replaced",
                 "owner": owner,
@@ -309,7 +321,13 @@ class Producer:
     async def append_records(
         self, records: Sequence[Record], *, atomic: bool = True
     ) -> list[AppendReceipt]:
-        """Append already-validated records, atomically (all or none) unless told not to."""
+        """Append already-validated records, atomically (all or none) unless told not to;
+        at most ``limits.max_batch_records`` of them (one write request's bound)."""
+        if len(records) > self._limits.max_batch_records:
+            raise InvalidInput(
+                f"batch of {len(records)} records exceeds max_batch_records="
+                f"{self._limits.max_batch_records}"
+            )
         items = [log_item(record) for record in records]
         positions = await self.append_items(
             items, [record.event_id for record in records], atomic=atomic
@@ -339,14 +357,10 @@ class Producer:
         sealed: bool = False,
     ) -> list[Position]:
         """Append records already turned into log items (``log_item``; ``event_ids`` are
-        theirs), with the same batch limit, metrics and trace span as ``append_records``.
-        ``sealed``: every item went through :meth:`seal_items` (or was sealed with a key
-        :meth:`sealing_keys` gave) already, so they are not looked at again."""
-        if len(items) > self._limits.max_batch_records:
-            raise InvalidInput(
-                f"batch of {len(items)} records exceeds max_batch_records="
-                f"{self._limits.max_batch_records}"
-            )
+        theirs), with the same metrics and trace span as ``append_records`` but no bound on
+        their count (the bulk ingest bounds its own batches). ``sealed``: every item went
+        through :meth:`seal_items` (or was sealed with a key :meth:`sealing_keys` gave)
+        already, so they are not looked at again."""
         if not sealed:
             items = await self.seal_items(items)
         started = time.perf_counter()
@@ -375,6 +389,8 @@ class Producer:
             )
 
     def _check_json(self, name: str, value: Any) -> None:
+        if type(value) is dict and not value and self._limits.max_metadata_bytes >= 2:
+            return  # the usual metadata and fields: "{}"
         try:
             encoded = msgspec.json.encode(value)
         except (TypeError, ValueError, OverflowError) as error:
@@ -388,11 +404,11 @@ class Producer:
             )
 
 
-def log_item(record: Record) -> LogItem:
-    """What the log stores for ``record``: its owner as the key, its encoding, and the
-    dedupe key of its ``request_id``."""
+def log_item(record: Record, encoded: bytes | None = None) -> LogItem:
+    """What the log stores for ``record``: its owner as the key, its encoding
+    (``encoded``, when the caller has it), and the dedupe key of its ``request_id``."""
     key = dedupe_key(record.owner, record.request_id) if record.request_id else None
-    return LogItem(record.owner.encode(), encode_record(record), key)
+    return LogItem(record.owner.encode(), encoded or encode_record(record), key)
 
 
 def dedupe_key(owner: str, request_id: str) -> str:
@@ -409,17 +425,17 @@ def dedupe_key(owner: str, request_id: str) -> str:
     return f"\x1f{len(owner)}:{owner}{request_id}"
 
 
-def _convert(fields: dict[str, Any], record_type: type[Record]) -> Any:
+def _convert(fields: dict[str, Any], record_type: type[Record]) -> tuple[Any, bytes]:
+    """The record of ``fields`` and its log encoding (which proves every value storable)."""
     fields.pop("kind", None)
     try:
         record = msgspec.convert(fields, record_type)
-        # A round trip through the log codec proves every value is storable.
-        encode_record(record)
+        encoded = encode_record(record)
     except msgspec.ValidationError as error:
         raise InvalidInput(patterns_in_words(str(error), PATTERN_WORDS)) from error
     except (TypeError, ValueError, OverflowError) as error:
         raise InvalidInput(f"value cannot be stored: {error}") from error
-    return record
+    return record, encoded
 
 
 def _now() -> datetime:

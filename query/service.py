@@ -31,6 +31,7 @@ from litestar.typing import FieldDefinition
 from prme.projectors.status import partition_statuses
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
+    TOO_DEEP,
     InvalidInput,
     PRMEError,
     ShardUnavailable,
@@ -535,6 +536,14 @@ def _source(item: dict[str, Any]) -> str:
     return f"{getattr(source, 'value', source)} parameter"
 
 
+def on_recursion(request: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
+    """A body nested deeper than the decoder goes (msgspec says so in its message) is the
+    client's error; any other RecursionError is ours."""
+    if "deserializing" in str(error):
+        return _error(400, "invalid_input", f"malformed JSON request body: {TOO_DEEP}")
+    return on_unexpected(request, error)
+
+
 def on_unexpected(_: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
     log.exception("unexpected error", exc_info=error)
     return _error(500, "internal", f"internal error: {type(error).__name__}")
@@ -592,6 +601,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
         exception_handlers={
             PRMEError: on_prme_error,
             msgspec.DecodeError: on_decode_error,
+            RecursionError: on_recursion,
             HTTPException: on_http_error,
             Exception: on_unexpected,
         },

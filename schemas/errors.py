@@ -16,6 +16,10 @@ class InvalidInput(PRMEError, ValueError):
     """Input was rejected before anything was written."""
 
 
+TOO_DEEP = "JSON arrays or objects nested too deeply"
+"""Why input nested past what the JSON and msgpack codecs recurse into is refused."""
+
+
 class RecordDecodeError(PRMEError, ValueError):
     """Bytes from the log could not be decoded into a known record."""
 

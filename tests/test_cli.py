@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -197,3 +198,86 @@ def test_audit_of_a_directory_without_a_log_says_so_and_creates_nothing(tmp_path
     assert result.returncode == 2
     assert result.stderr.strip() == f"prme audit: no PRME log in {typo}"
     assert not typo.exists()
+
+
+def test_ingest_batch_size_over_the_write_limit_is_one_append_and_zero_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Found by a new-user trial: `--batch-size 2000` failed mid-ingest with a traceback
+    (appends were held to the HTTP write limit, `limits.max_batch_records`), and
+    `--batch-size 0` was taken."""
+    from prme.producers.ingest import INGEST_BATCH, MAX_INGEST_BATCH
+
+    rows = [{"owner": f"u{i % 5}", "content": f"line {i}"} for i in range(2500)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    data = ["--data-dir", str(tmp_path / "pack")]
+    result = prme("ingest", str(source), "--quiet", "--batch-size", "2000", *data)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["written"] == 2500
+    assert len(audit("u0", data)) == 500
+    for size in ("0", "-3", str(MAX_INGEST_BATCH + 1), "many"):
+        refused = prme(
+            "ingest",
+            str(source),
+            "--quiet",
+            "--batch-size",
+            size,
+            "--data-dir",
+            str(tmp_path / "refused"),
+        )
+        assert refused.returncode == 2 and "--batch-size" in refused.stderr, size
+        assert f"1 to {MAX_INGEST_BATCH} lines" in refused.stderr or size == "many"
+        assert not (tmp_path / "refused").exists()
+    helped = prme("ingest", "--help").stdout
+    assert f"default {INGEST_BATCH}" in helped and f"1 to {MAX_INGEST_BATCH}" in helped
+
+
+def test_an_interrupted_ingest_says_so_and_leaves_the_files_first_lines(tmp_path: Path) -> None:
+    """Found by a new-user trial: Ctrl-C printed a KeyboardInterrupt traceback, and could
+    leave holes (the appends in flight were cancelled, later ones not), which a rerun with
+    request ids then filled after later lines."""
+    import signal
+    import sqlite3
+    import time
+
+    rows = [{"owner": f"u{i % 20}", "content": f"line {i}"} for i in range(200_000)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    data = tmp_path / "pack"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prme.cli",
+            "ingest",
+            str(source),
+            "--quiet",
+            "--data-dir",
+            str(data),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    written = 0
+    while written == 0 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        with contextlib.suppress(sqlite3.Error):
+            db = sqlite3.connect(f"file:{data / 'log.sqlite3'}?mode=ro", uri=True)
+            try:
+                written = db.execute("SELECT count(*) FROM log").fetchone()[0]
+            finally:
+                db.close()
+    assert process.poll() is None, "the ingest ended before it could be interrupted"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "prme ingest: interrupted"
+    assert "Traceback" not in stderr
+    numbers = sorted(
+        int(row["record"]["content"].split()[1])
+        for owner in range(20)
+        for row in audit(f"u{owner}", ["--data-dir", str(data)])
+    )
+    assert 0 < len(numbers) < len(rows)
+    assert numbers == list(range(len(numbers)))

@@ -423,3 +423,58 @@ async def test_numbers_the_log_cannot_store_are_refused_naming_the_field(
         assert response.status_code == 400, response.text
         assert named in response.json()["detail"]
     assert await log_size(engine) == before
+
+
+async def test_a_write_of_more_records_than_the_limit_is_refused_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The bound moved from ``append_items`` (which the bulk ingest now calls with larger
+    batches) to ``append_records``, the write requests' path: it still holds there."""
+    from prme.producers.local_log import LocalLogTransport
+    from prme.schemas.config import LimitsSettings
+
+    transport = LocalLogTransport(tmp_path / "log.sqlite3", 2)
+    await transport.start()
+    try:
+        producer = Producer(transport, LimitsSettings(max_batch_records=3))
+        records = [
+            producer.build_message(MessageDraft(owner="alice", content=f"m{i}")) for i in range(4)
+        ]
+        with pytest.raises(InvalidInput, match="batch of 4 records exceeds max_batch_records=3"):
+            await producer.append_records(records)
+        assert sum((await transport.end_offsets()).values()) == 0
+        assert len(await producer.append_records(records[:3])) == 3
+    finally:
+        await transport.close()
+
+
+async def test_a_body_nested_too_deeply_is_400_and_writes_nothing(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    """Found in this round's review: a deeply nested body answered 500 (RecursionError)."""
+    before = await log_size(engine)
+    nested = "[" * 5000 + "]" * 5000
+    body = f'{{"user_id": "alice", "content": "x", "metadata": {{"m": {nested}}}}}'
+    response = await http.post(
+        "/v1/memories", content=body, headers={**ALICE, "Content-Type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    assert "nested too deeply" in response.json()["detail"]
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        await engine.store("x", "alice", metadata={"m": deep})
+    assert await log_size(engine) == before
+
+
+def test_empty_metadata_is_held_to_a_metadata_limit_under_its_two_bytes() -> None:
+    """Found in this round's review: the fast path for ``{}`` skipped the size check."""
+    from prme.producers.local_log import LocalLogTransport
+    from prme.schemas.config import LimitsSettings
+
+    producer = Producer(
+        LocalLogTransport(Path("/nonexistent/log.sqlite3"), 1), LimitsSettings(max_metadata_bytes=1)
+    )
+    with pytest.raises(InvalidInput, match="metadata is 2 bytes, over the limit of 1"):
+        producer.build_message(MessageDraft(owner="alice", content="x"))
