@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import contextlib
 import logging
 import os
@@ -34,7 +35,12 @@ def _settings(args: argparse.Namespace) -> Settings:
         log["bootstrap"] = args.bootstrap
     if log:
         overrides["log"] = log
-    return Settings.from_env(**overrides)
+    settings = Settings.from_env(**overrides)
+    if settings.data_path.exists() and not settings.data_path.is_dir():
+        from prme.schemas.errors import ConfigurationError
+
+        raise ConfigurationError(f"the data directory {settings.data_dir} is a file")
+    return settings
 
 
 def _add_log_options(parser: argparse.ArgumentParser) -> None:
@@ -53,10 +59,13 @@ def _add_log_format(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_lines(path: str) -> Iterator[bytes]:
-    if path == "-":
-        yield from sys.stdin.buffer
-        return
-    with _opened(path) as handle:
+    """The file's lines; a UTF-8 byte order mark (as some Windows editors write) is not
+    part of the first."""
+    with contextlib.nullcontext(sys.stdin.buffer) if path == "-" else _opened(path) as handle:
+        first = next(handle, None)
+        if first is None:
+            return
+        yield first.removeprefix(codecs.BOM_UTF8)
         yield from handle
 
 
@@ -85,8 +94,11 @@ def _ingest_batch_size(text: str) -> int:
 
     try:
         size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of lines, not {text!r}") from None
+    try:
         check_batch_size(size)
-    except (ValueError, InvalidInput) as error:
+    except InvalidInput as error:
         raise argparse.ArgumentTypeError(str(error)) from error
     return size
 
@@ -111,15 +123,32 @@ async def _ingest(args: argparse.Namespace) -> int:
     try:
         if keys is not None:
             await keys.start()
+        landed = 0
+
+        def progress(count: int) -> None:
+            nonlocal landed
+            landed += count
+            bar.update(count)
+
         with tqdm(total=total, unit="rec", disable=args.quiet, file=sys.stderr) as bar:
-            summary = await ingest_lines(
-                _read_lines(args.file),
-                Producer(transport, settings.limits, keys=keys),
-                on_error=args.on_error,
-                batch_size=args.batch_size or INGEST_BATCH,
-                progress=bar.update,
-                builder=builder,
-            )
+            try:
+                summary = await ingest_lines(
+                    _read_lines(args.file),
+                    Producer(transport, settings.limits, keys=keys),
+                    on_error=args.on_error,
+                    batch_size=args.batch_size or INGEST_BATCH,
+                    progress=progress,
+                    builder=builder,
+                )
+            except asyncio.CancelledError:  # Ctrl-C; the appends in flight have landed
+                bar.close()
+                print(
+                    f"{args.file}: {landed} records written, in the file's order from its "
+                    "first line (a rerun writes them again, but applies a line with a "
+                    "request_id once)",
+                    file=sys.stderr,
+                )
+                raise
     finally:
         if keys is not None:
             await keys.close()

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from prme.schemas.codec import explain_json_error
 from prme.schemas.errors import TOO_DEEP, InvalidInput
 from prme.schemas.records import Message
 
@@ -66,7 +67,8 @@ def message_from_line(line: bytes | str, producer: Producer) -> tuple[Message, L
     try:
         parsed = _line_decoder.decode(line)
     except msgspec.DecodeError as error:
-        raise InvalidInput(str(error)) from error
+        text = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line
+        raise InvalidInput(str(explain_json_error(error, text))) from error
     except RecursionError as error:
         raise InvalidInput(f"the line has {TOO_DEEP}") from error
     try:

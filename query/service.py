@@ -8,7 +8,6 @@ msgspec types, is served at ``/schema/openapi.json``. Request bodies are decoded
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Generic, TypeVar
@@ -29,6 +28,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from litestar.typing import FieldDefinition
 
 from prme.projectors.status import partition_statuses
+from prme.schemas.codec import explain_json_error
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
     TOO_DEEP,
@@ -94,41 +94,13 @@ class StrictBody(MsgspecDTO[T], Generic[T]):
         try:
             return msgspec.json.decode(value, type=self.model_type)
         except msgspec.DecodeError as error:
-            lone = _lone_surrogate(value)
-            if lone is None or isinstance(error, msgspec.ValidationError):
+            explained = explain_json_error(error, value)
+            if explained is error:
                 raise
-            escape, at = lone
-            raise msgspec.DecodeError(
-                f"invalid unicode escape {escape} at byte {at}: a lone surrogate is not a "
-                "character (escape a surrogate pair, or send the text as UTF-8)"
-            ) from error
+            raise explained from error
 
 
 _MISSING_BODY = "a JSON request body is required"
-_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
-
-
-def _lone_surrogate(body: bytes) -> tuple[str, int] | None:
-    """The first ``\\uD800``-``\\uDFFF`` escape of ``body`` that is not half of a pair, and
-    where it is: msgspec reports one as "Input data was truncated", which sends people
-    looking for a cut-off body."""
-    pending: re.Match[bytes] | None = None  # a high surrogate waiting for its low half
-    for match in _ESCAPE.finditer(body):
-        code = int(match.group(1), 16) if match.group(1) else None
-        if pending is not None:
-            if code is not None and 0xDC00 <= code <= 0xDFFF and match.start() == pending.end():
-                pending = None
-                continue
-            break
-        if code is not None and 0xD800 <= code <= 0xDBFF:
-            pending = match
-        elif code is not None and 0xDC00 <= code <= 0xDFFF:
-            return match.group().decode(), match.start()
-    if pending is not None:
-        return pending.group().decode(), pending.start()
-    return None
-
-
 # -- dependencies ---------------------------------------------------------------------
 
 

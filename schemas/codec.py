@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -79,3 +80,42 @@ def record_to_json(record: Record) -> bytes:
 def record_from_json(data: bytes | str) -> AnyRecord:
     """Decode a JSON record (same checks as :func:`decode_record`)."""
     return _decode(data, _json_record_decoder.decode, msgspec.json.decode, "JSON")
+
+
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def explain_json_error(error: msgspec.DecodeError, text: bytes) -> msgspec.DecodeError:
+    """``error`` from decoding JSON ``text``, or, where ``text`` holds a lone surrogate
+    escape, an error that says so: msgspec reports one as "Input data was truncated",
+    which sends people looking for a cut-off body."""
+    if isinstance(error, msgspec.ValidationError):
+        return error
+    lone = _lone_surrogate(text)
+    if lone is None:
+        return error
+    escape, at = lone
+    return msgspec.DecodeError(
+        f"invalid unicode escape {escape} at byte {at}: a lone surrogate is not a "
+        "character (escape a surrogate pair, or send the text as UTF-8)"
+    )
+
+
+def _lone_surrogate(text: bytes) -> tuple[str, int] | None:
+    """The first ``\\uD800``-``\\uDFFF`` escape of ``text`` that is not half of a pair, and
+    where it is."""
+    pending: re.Match[bytes] | None = None  # a high surrogate waiting for its low half
+    for match in _ESCAPE.finditer(text):
+        code = int(match.group(1), 16) if match.group(1) else None
+        if pending is not None:
+            if code is not None and 0xDC00 <= code <= 0xDFFF and match.start() == pending.end():
+                pending = None
+                continue
+            break
+        if code is not None and 0xD800 <= code <= 0xDBFF:
+            pending = match
+        elif code is not None and 0xDC00 <= code <= 0xDFFF:
+            return match.group().decode(), match.start()
+    if pending is not None:
+        return pending.group().decode(), pending.start()
+    return None

@@ -192,6 +192,39 @@ def test_ingest_of_a_missing_file_or_a_directory_is_one_line(tmp_path: Path) -> 
     assert not (tmp_path / "pack").exists()
 
 
+def test_a_data_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    """Found by a new-user trial: a FileExistsError traceback from deep in the log."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    source = write_jsonl(tmp_path / "in.jsonl", LINES)
+    for command in (["ingest", str(source), "--quiet"], ["serve", "--port", "0"]):
+        result = prme(*command, "--data-dir", str(afile))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip() == f"prme {command[0]}: the data directory {afile} is a file"
+    assert afile.read_text() == "mine"
+
+
+def test_ingest_reads_past_a_byte_order_mark_and_names_a_lone_surrogate(tmp_path: Path) -> None:
+    """Found by a new-user trial: a file saved with a UTF-8 BOM failed at line 1 as
+    "malformed JSON", and a lone surrogate escape was reported as "Input data was
+    truncated"."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(
+        b"\xef\xbb\xbf" + json.dumps(LINES[0]).encode() + b"\n"
+        b'{"owner": "alice", "content": "half \\ud83d a pair"}\n'
+        + json.dumps(LINES[3]).encode()
+        + b"\n"
+    )
+    data = ["--data-dir", str(tmp_path / "pack")]
+    result = prme("ingest", str(source), "--on-error", "skip", "--quiet", *data)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == (
+        f"{source}:2: invalid unicode escape \\ud83d at byte 36: a lone surrogate is not a "
+        "character (escape a surrogate pair, or send the text as UTF-8)"
+    )
+    assert [r["record"]["content"] for r in audit("alice", data)] == ["first", "third"]
+
+
 def test_audit_of_a_directory_without_a_log_says_so_and_creates_nothing(tmp_path: Path) -> None:
     typo = tmp_path / "typo"
     result = prme("audit", "--owner", "alice", "--data-dir", str(typo))
@@ -272,7 +305,8 @@ def test_an_interrupted_ingest_says_so_and_leaves_the_files_first_lines(tmp_path
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
-    assert stderr.strip().splitlines()[-1] == "prme ingest: interrupted"
+    said = stderr.strip().splitlines()
+    assert said[-1] == "prme ingest: interrupted"
     assert "Traceback" not in stderr
     numbers = sorted(
         int(row["record"]["content"].split()[1])
@@ -281,3 +315,4 @@ def test_an_interrupted_ingest_says_so_and_leaves_the_files_first_lines(tmp_path
     )
     assert 0 < len(numbers) < len(rows)
     assert numbers == list(range(len(numbers)))
+    assert said[-2].startswith(f"{source}: {len(numbers)} records written, in the file's order")
