@@ -491,6 +491,8 @@ def render_status(status: dict[str, Any]) -> str:
     for member in status.get("group_members") or []:
         who = member.get("url") or member["client_id"]
         lines.append(f"member {who} at {member['host']}: partitions {member['partitions']}")
+    for url in status.get("refused") or []:
+        lines.append(f"REFUSED {url}: its cluster secret is not the other nodes' (no partitions)")
     return "\n".join(lines)
 
 

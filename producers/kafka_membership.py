@@ -36,6 +36,37 @@ def claimed_url(metadata: bytes) -> str:
         return ""
 
 
+def refused_members(claims: Mapping[str, MemberClaim]) -> set[str]:
+    """The members with a URL whose cluster secret is not the group's. The group's is the
+    one of the members that owned the most partitions in the last generation (the
+    running cluster: a node started with a mistyped secret does not take partitions it
+    could not serve), then of the most members (a cluster starting together); when two
+    secrets tie on both, nobody is refused and the leader logs it."""
+    serving = {m: c for m, c in claims.items() if c.url}
+    support: dict[str, tuple[int, int]] = {}
+    for claim in serving.values():
+        owned, members = support.get(claim.secret_tag, (0, 0))
+        support[claim.secret_tag] = (owned + len(claim.owned), members + 1)
+    if len(support) < 2:
+        return set()
+    ranked = sorted(support.items(), key=lambda item: item[1], reverse=True)
+    if ranked[0][1] == ranked[1][1]:
+        _log.error(
+            "the group's members disagree on the cluster secret and neither side leads "
+            "(%s): set PRME_CLUSTER__SECRET the same on every node",
+            sorted(c.url for c in serving.values()),
+        )
+        return set()
+    group_tag = ranked[0][0]
+    refused = {m for m, c in serving.items() if c.secret_tag != group_tag}
+    _log.error(
+        "gave no partitions to %s: their cluster secret is not the one of the other "
+        "nodes (PRME_CLUSTER__SECRET must be the same on every node)",
+        sorted(serving[m].url for m in refused),
+    )
+    return refused
+
+
 def plan_cluster(
     claims: Mapping[str, MemberClaim], partitions: Iterable[int], standby_replicas: int = 0
 ) -> dict[str, ClusterMember]:
@@ -132,12 +163,19 @@ class ClusterAssignor(AbstractPartitionAssignor):
             except msgspec.DecodeError:  # a member of an older PRME: a worker, no URL
                 claims[member_id] = MemberClaim(url="")
         partitions = sorted(cluster.partitions_for_topic(self._topic) or ())
-        planned = plan_cluster(claims, partitions, self._standby_replicas)
+        refused = refused_members(claims)
+        planned = plan_cluster(
+            {m: c for m, c in claims.items() if m not in refused},
+            partitions,
+            self._standby_replicas,
+        )
+        planned.update({m: ClusterMember(url=claims[m].url) for m in refused})
         generation = max((c.generation for c in claims.values()), default=-1) + 1
         cluster_map = ClusterMap(
             generation=generation,
             partitions=len(partitions),
             members=sorted(planned.values(), key=lambda m: m.url),
+            refused=sorted(claims[m].url for m in refused),
         )
         encoded = msgspec.json.encode(cluster_map)
         _log.info(

@@ -16,7 +16,7 @@ from typing import Any
 from prme.producers.factory import open_key_store, open_vector_changelog
 from prme.producers.keys import KeyStore
 from prme.producers.transport import LogConsumer, LogTransport, Membership
-from prme.schemas.cluster import ClusterMap, MemberClaim
+from prme.schemas.cluster import ClusterMap, MemberClaim, secret_tag
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
     ConfigurationError,
@@ -143,6 +143,7 @@ class ProjectorRunner:
         """One entry per vector changelog restore this runner ran (partition, records, s)."""
         self.shards: dict[int, Shard] = {}
         self.url = url
+        self._secret_tag = secret_tag(settings.cluster.secret) if url else ""
         self._own_data_dir = own_data_dir
         self._parked: dict[int, Shard] = {}
         self.cluster_map: ClusterMap | None = None
@@ -252,10 +253,26 @@ class ProjectorRunner:
             generation=generation,
             standby_replicas=self.settings.cluster.standby_replicas,
             holds_standbys=self._own_data_dir,
+            secret_tag=self._secret_tag,
+        )
+
+    @property
+    def refused(self) -> bool:
+        """The group gave this node nothing: its cluster secret is not the others'."""
+        return (
+            bool(self.url)
+            and self.cluster_map is not None
+            and (self.url in self.cluster_map.refused)
         )
 
     def _on_map(self, cluster_map: ClusterMap) -> None:
         self.cluster_map = cluster_map
+        if self.refused:
+            _log.error(
+                "the group gave this node (%s) no partitions: its cluster secret is not the "
+                "one of the other nodes (PRME_CLUSTER__SECRET must be the same on every node)",
+                self.url,
+            )
         mine = cluster_map.member(self.url) if self.url else None
         self._owned_last = set(mine.partitions) if mine is not None else set(self.shards)
         if mine is not None:

@@ -94,6 +94,8 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     embedding: EmbeddingStatus
     group_members: list[Any] | None = None
     """On Kafka, every member of the consumer group and the partitions it holds."""
+    refused: list[str] = []
+    """Nodes the group gave nothing because their cluster secret is not the others'."""
 
 
 async def node_status(runner: ProjectorRunner) -> NodeStatus:
@@ -117,6 +119,7 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
             ),
         ),
         group_members=members,
+        refused=[] if runner.cluster_map is None else list(runner.cluster_map.refused),
     )
 
 

@@ -227,8 +227,8 @@ class ClusterRouter:
 
     def _note_refusal(self, peer: str, message: str) -> None:
         """Count a hop refused for the cluster secret (either way) and log it, once a
-        minute per peer: a node with another secret joins the group all the same, and
-        only the hops between it and the others fail."""
+        minute per peer: a serve-only node is not a member of the group, which refuses
+        projecting nodes with another secret, so only its hops show it."""
         self.metrics.cluster_forwards.labels("refused").inc()
         now = time.monotonic()
         if now - self._refusals_logged.get(peer, -REFUSAL_LOG_EVERY_S) >= REFUSAL_LOG_EVERY_S:

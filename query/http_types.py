@@ -254,6 +254,8 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     members: list[ClusterMember]
     """Every node: its URL, the partitions it owns and those it keeps as standbys (a
     ``prme project`` worker has an empty URL: it projects, it serves nothing)."""
+    refused: list[str] = []
+    """Nodes the group gave nothing because their cluster secret is not the others'."""
     owned: list[int]
     """Partitions this node owns now."""
     serving: list[int]

@@ -178,6 +178,8 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
         cluster_map = None if engine.router is None else engine.router.cluster_map
         ok = cluster_map is not None
         detail = "routing (serve-only)" if ok else "no cluster map from the group yet"
+    elif runner.refused:
+        ok, detail = False, REFUSED_NODE
     elif not shards:
         ok, detail = False, "no partitions assigned to this process yet"
     elif behind := runner.records_behind():
@@ -193,6 +195,12 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
         detail += f"; standby replicas failing (the owners serve): {standby_failure!r}"
     body = Readiness(ready=ok, detail=detail, partitions=sorted(shards), lag=lag)
     return Response(body, status_code=200 if ok else 503)
+
+
+REFUSED_NODE = (
+    "the group gave this node no partitions: its cluster secret is not the one of the "
+    "other nodes (PRME_CLUSTER__SECRET must be the same on every node)"
+)
 
 
 # -- writes ---------------------------------------------------------------------------
@@ -411,6 +419,7 @@ async def cluster(engine: EngineDep) -> ClusterView:
         partitions=engine.settings.log.partitions,
         generation=None if cluster_map is None else cluster_map.generation,
         members=[] if cluster_map is None else list(cluster_map.members),
+        refused=[] if cluster_map is None else list(cluster_map.refused),
         owned=sorted(here.shards),
         serving=sorted(p for p in here.shards if here.serving(p)),
         standbys=here.standbys.positions(),

@@ -7,6 +7,8 @@ static split. Every node routes requests with it; ``GET /v1/cluster`` serves it.
 
 from __future__ import annotations
 
+import hashlib
+
 import msgspec
 
 
@@ -26,6 +28,10 @@ class ClusterMap(msgspec.Struct, frozen=True, kw_only=True):
     generation: int
     partitions: int
     members: list[ClusterMember] = []
+    refused: list[str] = []
+    """URLs of members given nothing: their cluster secret is not the group's (see
+    ``MemberClaim.secret_tag``), so the other nodes would refuse their forwarded requests
+    and they the others'."""
 
     def owner(self, partition: int) -> str | None:
         """The URL of the node that owns ``partition`` (None while nobody does)."""
@@ -62,6 +68,21 @@ class MemberClaim(msgspec.Struct, frozen=True, kw_only=True):
     holds_standbys: bool = True
     """False for a process that shares its data directory with sibling processes (a
     standby would sit in the directory its owner writes): it is given none."""
+    secret_tag: str = ""
+    """:func:`secret_tag` of its cluster secret: members with a URL whose tag is not the
+    group's are given no partitions."""
+
+
+def secret_tag(secret: str | None) -> str:
+    """A fingerprint of the cluster ``secret`` that members compare through the group ("":
+    none). Anyone who can describe the consumer group reads it, so it is a memory-hard
+    hash (scrypt, ~50 ms once per process) rather than one cheap to guess against."""
+    if not secret:
+        return ""
+    derived = hashlib.scrypt(
+        secret.encode(), salt=b"prme-cluster-secret-tag", n=2**14, r=8, p=1, dklen=16
+    )
+    return derived.hex()
 
 
 def static_map(urls: list[str], partitions: int) -> ClusterMap:

@@ -4,6 +4,7 @@ straight to the owner, the cluster secret, and the data-directory lock."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -350,38 +351,96 @@ def test_a_write_whose_owner_never_answers_says_it_was_written(
     assert len(audit.stdout.strip().splitlines()) == 2  # each write on the log once
 
 
-def test_a_node_without_the_secret_is_named_and_a_write_it_cannot_confirm_says_written(
+def test_a_node_with_another_secret_is_named_and_a_write_it_cannot_confirm_says_written(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     # Found by a new user: the write was on the log, yet the answer was a bare 401 that
-    # blamed the client's own credentials.
-    topic = f"nosecret-{uuid.uuid4().hex[:8]}"
+    # blamed the client's own credentials. A serve-only node is not a member of the group,
+    # so nothing refuses it: its hops are refused.
+    topic = f"othersecret-{uuid.uuid4().hex[:8]}"
     env = node_env(kafka_bootstrap, topic, f"{topic}-group")
-    lacking_env = {k: v for k, v in env.items() if k != "PRME_CLUSTER__SECRET"}
-    good, lacking = Node(tmp_path, "good", env), Node(tmp_path, "lacking", lacking_env)
-    with running([good, lacking]):
-        wait_ready([good, lacking])
-        view = wait_split([good, lacking], PARTITIONS)
-        held = {p for m in view["members"] if m["url"] == lacking.url for p in m["partitions"]}
-        assert held, view
-        partition_of = Partitioner(PARTITIONS)
-        owner = next(o for o in (f"o-{i}" for i in range(1000)) if partition_of(o.encode()) in held)
-        body = {"user_id": owner, "content": f"{owner} waters the ferns", "request_id": "r1"}
-        written = good.post("/v1/memories", body)
+    other_env = {**env, "PRME_CLUSTER__SECRET": "not-the-cluster-secret"}
+    good, other = Node(tmp_path, "good", env), Node(tmp_path, "other", other_env, ["--no-project"])
+    with running([good, other]):
+        wait_ready([good, other])
+        wait_split([good], PARTITIONS)
+        body = {"user_id": "o-1", "content": "o-1 waters the ferns", "request_id": "r1"}
+        written = other.post("/v1/memories", body)
         assert written.status_code == 503, written.text
         assert written.json()["written"][0]["token"], written.text
         assert "PRME_CLUSTER__SECRET" in written.json()["detail"]
-        read = good.get("/v1/history", params={"user_id": owner})
+        read = other.get("/v1/history", params={"user_id": "o-1"})
         assert read.status_code == 503, read.text
         assert "PRME_CLUSTER__SECRET" in read.json()["detail"]
-        assert "PRME_CLUSTER__SECRET is not set" in lacking.log()
+        deadline = time.monotonic() + 60
+        while not good.get("/v1/history", params={"user_id": "o-1"}).json():  # it was written
+            assert time.monotonic() < deadline
+            time.sleep(0.2)  # poll interval while the owner applies the write
 
         # Both ends say so in their logs, once a minute (a trial found no node said it).
         def warned(node: Node, text: str) -> int:
             return sum(" WARNING " in line and text in line for line in node.log().splitlines())
 
-        assert warned(good, f"a hop to {lacking.url} was refused") == 1
-        assert warned(lacking, "refused a forwarded request") == 1
+        assert warned(other, f"a hop to {good.url} was refused") == 1
+        assert warned(good, "refused a forwarded request") == 1
+
+
+def test_a_node_with_another_secret_gets_no_partitions_from_the_running_cluster(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Found by a trial: a node started without the secret (or with a mistyped one) joined
+    the group and took half the partitions; every request for their owners then failed,
+    since the others refused its forwards and it refused theirs. Now the group's leader
+    gives it nothing, and it says why."""
+    topic = f"nosecret-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")
+    lacking_env = {k: v for k, v in env.items() if k != "PRME_CLUSTER__SECRET"}
+    good, lacking = Node(tmp_path, "good", env), Node(tmp_path, "lacking", lacking_env)
+    with running([good]):
+        wait_ready([good])
+        wait_split([good], PARTITIONS)
+        with running([lacking]):
+            deadline = time.monotonic() + 120
+            views: list[dict] = []
+            while True:
+                with contextlib.suppress(httpx.HTTPError):  # until it listens
+                    views = [node.get("/v1/cluster").json() for node in (good, lacking)]
+                    if all(v["refused"] == [lacking.url] for v in views):
+                        break
+                assert lacking.process is not None and lacking.process.poll() is None
+                assert time.monotonic() < deadline, f"never refused: {views}\n{lacking.log()}"
+                time.sleep(0.2)  # poll interval while the group rebalances
+            assert views[0]["generation"] == views[1]["generation"]
+            assert sorted(
+                p for m in views[0]["members"] if m["url"] == good.url for p in m["partitions"]
+            ) == list(range(PARTITIONS))
+            assert views[1]["owned"] == []
+            ready = lacking.get("/v1/ready")
+            assert ready.status_code == 503 and "cluster secret" in ready.json()["detail"]
+            assert good.get("/v1/ready").status_code == 200
+            for i in range(10):  # every owner is served, through the node that has the secret
+                owner = f"kept-{i}"
+                assert good.post("/v1/memories", {"user_id": owner, "content": "kites"}).is_success
+                history = good.get("/v1/history", params={"user_id": owner})
+                assert [m["content"] for m in history.json()] == ["kites"], history.text
+            status = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "prme.cli",
+                    "status",
+                    "--url",
+                    lacking.url,
+                    "--api-key",
+                    ADMIN_KEY,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert f"REFUSED {lacking.url}" in status.stdout, status.stdout + status.stderr
+            assert "its cluster secret is not the one of the other nodes" in lacking.log()
+            assert "gave no partitions to" in good.log() + lacking.log()
 
 
 def test_partitions_a_project_worker_holds_answer_503_at_once(

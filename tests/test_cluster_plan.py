@@ -3,8 +3,12 @@ on other members."""
 
 from __future__ import annotations
 
-from prme.producers.kafka_membership import plan_cluster
-from prme.schemas.cluster import MemberClaim
+import msgspec
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+
+from prme.producers.kafka_membership import ClusterAssignor, plan_cluster, refused_members
+from prme.schemas.cluster import ClusterMap, MemberClaim, secret_tag
 
 
 def owned(plan: dict, member: str) -> list[int]:
@@ -93,3 +97,50 @@ def test_processes_sharing_a_data_directory_hold_no_standbys() -> None:
     plan = plan_cluster(claims, range(12))
     assert plan["a"].standbys == plan["b"].standbys == []
     assert plan["c"].standbys == sorted(owned(plan, "a") + owned(plan, "b"))
+
+
+def test_a_member_with_another_cluster_secret_is_refused_by_the_running_cluster() -> None:
+    """Found by a trial: a node started with a mistyped secret took half the partitions,
+    and every request for their owners then failed (the others refused its forwards, it
+    refused theirs)."""
+    good, typo = secret_tag("s3cret"), secret_tag("s3cert")
+    running = {
+        "a": MemberClaim(url="http://a", owned=list(range(12)), secret_tag=good),
+        "b": MemberClaim(url="http://b", secret_tag=typo),
+        "w": MemberClaim(url="", secret_tag=""),  # a `prme project` worker serves nothing
+    }
+    assert refused_members(running) == {"b"}
+    # A cluster starting together: the secret most members share.
+    fresh = {m: MemberClaim(url=f"http://{m}", secret_tag=good) for m in ("a", "c")}
+    fresh["b"] = MemberClaim(url="http://b", secret_tag="")
+    assert refused_members(fresh) == {"b"}
+    # One against one, nothing owned: nobody can tell which is right; nobody is refused.
+    assert refused_members({"a": fresh["a"], "b": fresh["b"]}) == set()
+    assert refused_members({m: MemberClaim(url=f"http://{m}") for m in "ab"}) == set()
+
+
+def test_the_assignor_gives_a_refused_member_nothing_and_names_it_in_the_map() -> None:
+    good, typo = secret_tag("s3cret"), secret_tag("s3cert")
+    claims = {
+        "a": MemberClaim(url="http://a", owned=[0, 1, 2, 3], secret_tag=good),
+        "b": MemberClaim(url="http://b", owned=[4, 5, 6, 7], secret_tag=good),
+        "c": MemberClaim(url="http://c", secret_tag=typo, warm={8: 100}),
+    }
+    maps: list[ClusterMap] = []
+    assignor = ClusterAssignor("t", lambda: claims["a"], maps.append, standby_replicas=1)
+    cluster = ClusterMetadata()
+    cluster.partitions_for_topic = lambda topic: set(range(8))  # type: ignore[method-assign]
+    members = {
+        m: ConsumerProtocolMemberMetadata(0, ["t"], msgspec.json.encode(c))
+        for m, c in claims.items()
+    }
+    assignment = assignor.assign(cluster, members)
+    assert assignment["c"].assignment == [("t", [])]
+    assignor.on_assignment(assignment["c"])
+    [handed] = maps
+    assert handed.refused == ["http://c"]
+    refused = handed.member("http://c")
+    assert refused is not None and refused.partitions == [] and refused.standbys == []
+    assert sorted(p for m in handed.members for p in m.partitions) == list(range(8))
+    assert all(handed.owner(p) in ("http://a", "http://b") for p in range(8))
+    assert secret_tag(None) == "" and len(good) == 32 and "s3cret" not in good
