@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 import msgspec
 
 from prme.projectors.registry import MODEL_NAMES
+from prme.schemas.cluster import SECRET_REFUSED
 from prme.schemas.config import Settings
 
 LAG_REFRESH_S = 5.0
@@ -492,7 +493,7 @@ def render_status(status: dict[str, Any]) -> str:
         who = member.get("url") or member["client_id"]
         lines.append(f"member {who} at {member['host']}: partitions {member['partitions']}")
     for url in status.get("refused") or []:
-        lines.append(f"REFUSED {url}: its cluster secret is not the other nodes' (no partitions)")
+        lines.append(f"REFUSED {url}: no partitions, {SECRET_REFUSED}")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from prme.schemas.cluster import ClusterMap, ClusterMember, MemberClaim
+from prme.schemas.cluster import SECRET_REFUSED, ClusterMap, ClusterMember, MemberClaim
 
 from .kafka_common import bounded
 
@@ -60,9 +60,7 @@ def refused_members(claims: Mapping[str, MemberClaim]) -> set[str]:
     group_tag = ranked[0][0]
     refused = {m for m, c in serving.items() if c.secret_tag != group_tag}
     _log.error(
-        "gave no partitions to %s: their cluster secret is not the one of the other "
-        "nodes (PRME_CLUSTER__SECRET must be the same on every node)",
-        sorted(serving[m].url for m in refused),
+        "gave no partitions to %s: %s", sorted(serving[m].url for m in refused), SECRET_REFUSED
     )
     return refused
 

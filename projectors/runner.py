@@ -16,7 +16,7 @@ from typing import Any
 from prme.producers.factory import open_key_store, open_vector_changelog
 from prme.producers.keys import KeyStore
 from prme.producers.transport import LogConsumer, LogTransport, Membership
-from prme.schemas.cluster import ClusterMap, MemberClaim, secret_tag
+from prme.schemas.cluster import SECRET_REFUSED, ClusterMap, MemberClaim, secret_tag
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
     ConfigurationError,
@@ -143,7 +143,8 @@ class ProjectorRunner:
         """One entry per vector changelog restore this runner ran (partition, records, s)."""
         self.shards: dict[int, Shard] = {}
         self.url = url
-        self._secret_tag = secret_tag(settings.cluster.secret) if url else ""
+        self._secret_tag: str | None = None
+        """``secret_tag`` of the cluster secret, computed at the first claim (scrypt)."""
         self._own_data_dir = own_data_dir
         self._parked: dict[int, Shard] = {}
         self.cluster_map: ClusterMap | None = None
@@ -253,8 +254,13 @@ class ProjectorRunner:
             generation=generation,
             standby_replicas=self.settings.cluster.standby_replicas,
             holds_standbys=self._own_data_dir,
-            secret_tag=self._secret_tag,
+            secret_tag=self._claimed_secret_tag(),
         )
+
+    def _claimed_secret_tag(self) -> str:
+        if self._secret_tag is None:
+            self._secret_tag = secret_tag(self.settings.cluster.secret) if self.url else ""
+        return self._secret_tag
 
     @property
     def refused(self) -> bool:
@@ -268,11 +274,7 @@ class ProjectorRunner:
     def _on_map(self, cluster_map: ClusterMap) -> None:
         self.cluster_map = cluster_map
         if self.refused:
-            _log.error(
-                "the group gave this node (%s) no partitions: its cluster secret is not the "
-                "one of the other nodes (PRME_CLUSTER__SECRET must be the same on every node)",
-                self.url,
-            )
+            _log.error("the group gave this node (%s) no partitions: %s", self.url, SECRET_REFUSED)
         mine = cluster_map.member(self.url) if self.url else None
         self._owned_last = set(mine.partitions) if mine is not None else set(self.shards)
         if mine is not None:

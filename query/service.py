@@ -28,6 +28,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from litestar.typing import FieldDefinition
 
 from prme.projectors.status import partition_statuses
+from prme.schemas.cluster import SECRET_REFUSED
 from prme.schemas.codec import explain_json_error
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
@@ -197,10 +198,7 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
     return Response(body, status_code=200 if ok else 503)
 
 
-REFUSED_NODE = (
-    "the group gave this node no partitions: its cluster secret is not the one of the "
-    "other nodes (PRME_CLUSTER__SECRET must be the same on every node)"
-)
+REFUSED_NODE = f"the group gave this node no partitions: {SECRET_REFUSED}"
 
 
 # -- writes ---------------------------------------------------------------------------

@@ -73,6 +73,13 @@ class MemberClaim(msgspec.Struct, frozen=True, kw_only=True):
     group's are given no partitions."""
 
 
+SECRET_REFUSED = (
+    "its cluster secret is not the one of the other nodes (PRME_CLUSTER__SECRET must be the "
+    "same on every node)"
+)
+"""Why the group gave a node no partitions (logs, ``/v1/ready``, ``prme status``)."""
+
+
 def secret_tag(secret: str | None) -> str:
     """A fingerprint of the cluster ``secret`` that members compare through the group ("":
     none). Anyone who can describe the consumer group reads it, so it is a memory-hard
