@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.common import (
     LatencySummary,
     add_broker_options,
@@ -45,7 +47,8 @@ from prme.producers.transport import LogTransport
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.model_assets import ensure_default_model
-from prme.projectors.embeddings.protocol import EmbeddingProvider
+from prme.projectors.embeddings.protocol import EmbeddingProvider, array_encoder
+from prme.projectors.embeddings.validation import validate_matrix
 from prme.projectors.model import ProjectedRecord, ReadModel
 from prme.projectors.runner import ProjectorRunner
 from prme.schemas.config import Settings
@@ -79,6 +82,18 @@ class TimedProvider:
         self.seconds += time.perf_counter() - started
         self.texts += len(texts)
         return vectors
+
+    async def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """The inner provider's array path when it has one (else its ``embed``), timed."""
+        started = time.perf_counter()
+        encode = array_encoder(self.inner)
+        if encode is not None:
+            matrix = await encode(texts)
+        else:
+            matrix = validate_matrix(self.inner, len(texts), await self.inner.embed(texts))
+        self.seconds += time.perf_counter() - started
+        self.texts += len(texts)
+        return matrix
 
 
 class StampedModel:

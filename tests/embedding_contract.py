@@ -4,9 +4,11 @@ Subclass ``EmbeddingProviderContract`` with a ``provider`` fixture."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from prme.projectors.embeddings.protocol import (
+    ArrayEmbeddingProvider,
     EmbeddingProvider,
     InteractiveEmbeddingProvider,
     QueryEmbeddingProvider,
@@ -67,3 +69,16 @@ class EmbeddingProviderContract:
         assert await provider.embed_interactive(TEXTS) == await provider.embed(TEXTS)
         assert await provider.embed_interactive([TEXTS[1]]) == await provider.embed([TEXTS[1]])
         assert await provider.embed_interactive([]) == []
+
+    async def test_the_array_path_gives_the_document_vectors_bit_for_bit(
+        self, provider: EmbeddingProvider
+    ) -> None:
+        if not isinstance(provider, ArrayEmbeddingProvider):
+            return
+        matrix = await provider.embed_array(TEXTS)
+        assert isinstance(matrix, np.ndarray) and np.issubdtype(matrix.dtype, np.floating)
+        assert matrix.tolist() == await provider.embed(TEXTS)
+        assert (await provider.embed_array([TEXTS[1]])).tolist() == await provider.embed([TEXTS[1]])
+        assert (await provider.embed_array([])).shape == (0, provider.dimension)
+        with pytest.raises(TypeError):
+            await provider.embed_array("not a list")  # type: ignore[arg-type]

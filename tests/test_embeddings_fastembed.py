@@ -293,5 +293,6 @@ async def test_a_subclass_document_recipe_still_encodes_its_queries(
         [expected] = await provider.embed(["when is the deployment"])
         assert expected != unprefixed
         assert await provider.embed_interactive(["when is the deployment"]) == [expected]
+        assert (await provider.embed_array(["when is the deployment"])).tolist() == [expected]
         cached = CachedEmbeddingProvider(provider)
         assert await cached.embed_query("when is the deployment") == expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -17,6 +18,7 @@ from prme.projectors.embeddings.protocol import (
     EmbeddingIdentity,
     EmbeddingProvider,
     QueryEmbeddingProvider,
+    array_encoder,
 )
 from prme.projectors.embeddings.validation import (
     FLOAT32_MAX,
@@ -24,6 +26,7 @@ from prme.projectors.embeddings.validation import (
     check_texts,
     checked_vectors,
     identity_of,
+    validate_array,
     validate_vector,
     validate_vectors,
 )
@@ -246,3 +249,57 @@ async def test_hashed_bag_of_words_is_deterministic_and_word_sensitive() -> None
     assert validate_vectors(provider, 4, [first, again, other, empty])
     assert math.isclose(sum(value * value for value in first), 1.0)
     assert empty == [1.0] + [0.0] * 31
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_a_float_array_is_checked_and_handed_back_as_a_float32_copy(dtype: type) -> None:
+    source = np.array([[1.0, 0.5, -0.25], [0.0, 0.0, 1.0]], dtype=dtype)
+    checked = validate_array(IDENTITY, 2, source)
+    assert checked.dtype == np.float32 and checked.tolist() == source.astype(np.float32).tolist()
+    checked[0, 0] = 9.0
+    assert source[0, 0] == 1.0
+    assert validate_array(IDENTITY, 0, np.zeros((0, 3))).shape == (0, 3)
+
+
+@pytest.mark.parametrize(
+    ("matrix", "message"),
+    [
+        ([[0.0, 0.0, 1.0]], "must return a 2-D float array, got list"),
+        (np.zeros(3), "got a 1-D array"),
+        (np.zeros((1, 1, 3)), "got a 3-D array"),
+        (np.zeros((1, 3), dtype=np.int64), "a float array, got int64"),
+        (np.array([["a", "b", "c"]]), "a float array, got <U1"),
+        (np.zeros((2, 3)), "returned 2 vectors for 1 inputs"),
+        (np.zeros((1, 4)), "vector 0: has 4 components, the provider declares dimension 3"),
+        (np.array([[0.0, np.nan, 0.0]]), "vector 0: component 1 is nan"),
+        (np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -np.inf]])[1:], "vector 0: component 2 is -inf"),
+        (np.array([[0.0, FLOAT32_MAX * 2, 0.0]]), "vector 0: component 1 is 6.8"),
+    ],
+)
+def test_a_malformed_array_response_is_rejected_naming_what_is_wrong(
+    matrix: object, message: str
+) -> None:
+    with pytest.raises(InvalidEmbedding, match=message):
+        validate_array(IDENTITY, 1, matrix)
+
+
+def test_the_array_path_is_used_only_where_embed_is_the_one_beside_it() -> None:
+    plain = HashedBagOfWordsProvider(3)
+    assert array_encoder(plain) == plain.embed_array
+
+    class OwnRecipe(HashedBagOfWordsProvider):
+        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            return await super().embed([text.upper() for text in texts])
+
+    class OwnRecipeAndArray(OwnRecipe):
+        async def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+            return np.array(await self.embed(texts))
+
+    patched = HashedBagOfWordsProvider(3)
+    patched.embed = OwnRecipe(3).embed  # type: ignore[method-assign]
+    assert array_encoder(OwnRecipe(3)) is None
+    assert array_encoder(patched) is None
+    assert array_encoder(HashedBagOfWordsQueryProvider(3)) is not None
+    both = OwnRecipeAndArray(3)
+    assert array_encoder(both) == both.embed_array
+    assert array_encoder(Meta("m", "v", 3)) is None

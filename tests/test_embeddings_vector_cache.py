@@ -198,3 +198,44 @@ def test_a_cache_file_in_the_earlier_layout_is_read_and_written(tmp_path: Path) 
             "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'vectors'"
         ).fetchall()
     assert [name for (name,) in indexes if not name.startswith("sqlite_autoindex")] == []
+
+
+class ArrayOnly(HashedBagOfWordsProvider):
+    """Answers on its array path only: ``embed`` must not be called."""
+
+    def __init__(self, dimension: int = 16) -> None:
+        super().__init__(dimension=dimension)
+        self.calls: list[list[str]] = []
+        self.poison: float | None = None
+
+    async def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        matrix = await super().embed_array(texts)
+        if self.poison is not None:
+            matrix[-1, 0] = self.poison
+        return matrix
+
+
+async def test_a_provider_array_path_gives_the_vectors_its_lists_give(tmp_path: Path) -> None:
+    provider = ArrayOnly()
+    listed = Counting()
+    texts = ["alpha beta", "gamma", "alpha beta", "delta"]
+    with (
+        VectorCache(tmp_path / "a.sqlite") as by_array,
+        VectorCache(tmp_path / "l.sqlite") as by_list,
+    ):
+        through_array = await embed_with_cache(provider, by_array, texts)
+        through_lists = await embed_with_cache(listed, by_list, texts)
+        assert provider.calls == [["alpha beta", "gamma", "delta"]]
+        assert through_array == through_lists
+        assert through_array[0] is not through_array[2]
+        assert by_array.get_many(provider, texts) == by_list.get_many(listed, texts)
+
+
+async def test_a_bad_array_response_stores_nothing(tmp_path: Path) -> None:
+    provider = ArrayOnly()
+    with VectorCache(tmp_path / "vectors.sqlite") as cache:
+        provider.poison = math.inf
+        with pytest.raises(ValueError, match="vector 1: component 0 is inf"):
+            await embed_with_cache(provider, cache, ["a", "b"])
+        assert cache.count() == 0

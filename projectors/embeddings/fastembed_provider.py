@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import fastembed
+import numpy as np
 from fastembed import TextEmbedding
 
 from prme.schemas.config import Settings
@@ -34,7 +35,7 @@ from .model_assets import (
     ONNX_SHA256,
     ensure_default_model,
 )
-from .validation import check_texts
+from .validation import check_texts, validate_matrix
 
 __all__ = ["DEFAULT_MODEL_NAME", "FastEmbedProvider", "registered_model"]
 
@@ -140,18 +141,31 @@ class FastEmbedProvider:
         (``query_threads`` ONNX threads): for the few texts a query asks at a time. A
         subclass that overrides ``embed`` or ``encode_sync`` (its own document recipe) is
         answered by its ``embed``, so queries never bypass that recipe."""
-        cls = type(self)
-        if (
-            cls.embed is not FastEmbedProvider.embed
-            or cls.encode_sync is not FastEmbedProvider.encode_sync
-            or "embed" in self.__dict__
-            or "encode_sync" in self.__dict__
-        ):
+        if self._recipe_overridden():
             return await self.embed(texts)
         batch = check_texts(texts)
         if not batch:
             return []
         return await asyncio.to_thread(self._encode_queries_sync, batch)
+
+    async def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """The vectors :meth:`embed` gives, as one float32 array (no Python float per
+        component); a subclass with its own document recipe is answered by its ``embed``."""
+        batch = check_texts(texts)
+        if self._recipe_overridden():
+            return validate_matrix(self, len(batch), await self.embed(batch))
+        if not batch:
+            return np.zeros((0, self._dimension), dtype=np.float32)
+        return await asyncio.to_thread(self._encode_array, self._loaded(), batch)
+
+    def _recipe_overridden(self) -> bool:
+        cls = type(self)
+        return (
+            cls.embed is not FastEmbedProvider.embed
+            or cls.encode_sync is not FastEmbedProvider.encode_sync
+            or "embed" in self.__dict__
+            or "encode_sync" in self.__dict__
+        )
 
     def encode_sync(self, texts: Sequence[str]) -> list[list[float]]:
         """The blocking encoder behind ``embed``: sort by length, encode in batches of
@@ -167,11 +181,15 @@ class FastEmbedProvider:
         return self._encode(self._loaded_for_queries(), batch)
 
     def _encode(self, model: TextEmbedding, batch: list[str]) -> list[list[float]]:
+        vectors: list[list[float]] = self._encode_array(model, batch).tolist()
+        return vectors
+
+    def _encode_array(self, model: TextEmbedding, batch: list[str]) -> np.ndarray:
         order = sorted(range(len(batch)), key=lambda index: len(batch[index]))
         encoded = model.embed([batch[index] for index in order], batch_size=self._batch_size)
-        vectors: list[list[float]] = [[] for _ in batch]
-        for index, vector in zip(order, encoded, strict=True):
-            vectors[index] = vector.tolist()
+        stacked = np.stack(list(encoded))
+        vectors = np.empty_like(stacked)
+        vectors[order] = stacked
         return vectors
 
     def _loaded(self) -> TextEmbedding:

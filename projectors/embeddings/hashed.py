@@ -8,9 +8,10 @@ It is not a semantic model; never use it for real retrieval.
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from collections.abc import Sequence
+
+import numpy as np
 
 from .validation import check_texts
 
@@ -44,33 +45,54 @@ class HashedBagOfWordsProvider:
         return self._dimension
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        return [self.vector(text) for text in check_texts(texts)]
+        rows: list[list[float]] = self.matrix(check_texts(texts)).tolist()
+        return rows
+
+    async def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """The vectors ``embed`` gives, as one float64 array."""
+        return self.matrix(check_texts(texts))
 
     def vector(self, text: str) -> list[float]:
         """The vector of one text (an empty text maps to the first unit vector)."""
-        values = [0.0] * self._dimension
-        slots = self._slots
-        touched: set[int] = set()
-        for word in _WORD.findall(text.lower()):
-            hit = slots.get(word)
-            if hit is None:
-                digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
-                slot = int.from_bytes(digest[:4], "little") % self._dimension
-                hit = (slot, 1.0 if digest[4] & 1 else -1.0)
-                if len(slots) < _MAX_CACHED_WORDS:
-                    slots[word] = hit
-            values[hit[0]] += hit[1]
-            touched.add(hit[0])
-        # Only touched slots can be non-zero, and adding 0.0 changes no sum, so summing
-        # them in slot order gives the full sum bit for bit; untouched slots stay 0.0.
-        order = sorted(touched)
-        norm = math.sqrt(sum(values[slot] * values[slot] for slot in order))
-        if norm == 0.0:
-            values[0] = 1.0
-            return values
-        for slot in order:
-            values[slot] /= norm
-        return values
+        row: list[float] = self.matrix([text])[0].tolist()
+        return row
+
+    def matrix(self, texts: list[str]) -> np.ndarray:
+        """One row per text: each word adds its sign at its slot, and the row is divided by
+        its L2 norm. The counts, their squares and the squares' sum are small integers, so
+        they are exact in float64 whatever the order of summation."""
+        dimension = self._dimension
+        cells: list[int] = []
+        signs: list[float] = []
+        for row, text in enumerate(texts):
+            base = row * dimension
+            for word in _WORD.findall(text.lower()):
+                slot, sign = self._slots.get(word) or self._slot(word)
+                cells.append(base + slot)
+                signs.append(sign)
+        flat = np.bincount(
+            np.array(cells, dtype=np.intp),
+            weights=np.array(signs, dtype=np.float64),
+            minlength=len(texts) * dimension,
+        )
+        counts = flat.astype(np.float64, copy=False).reshape(len(texts), dimension)
+        norms = np.sqrt(np.einsum("ij,ij->i", counts, counts))
+        empty = norms == 0.0
+        counts[empty, 0] = 1.0
+        norms[empty] = 1.0
+        counts /= norms[:, None]
+        return counts
+
+    def _slot(self, word: str) -> tuple[int, float]:
+        """A word's slot and sign: the first bytes of its blake2b digest."""
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        hit = (
+            int.from_bytes(digest[:4], "little") % self._dimension,
+            1.0 if digest[4] & 1 else -1.0,
+        )
+        if len(self._slots) < _MAX_CACHED_WORDS:
+            self._slots[word] = hit
+        return hit
 
 
 class HashedBagOfWordsQueryProvider(HashedBagOfWordsProvider):

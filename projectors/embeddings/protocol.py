@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
+import numpy as np
 
 
 @runtime_checkable
@@ -39,6 +40,32 @@ class InteractiveEmbeddingProvider(EmbeddingProvider, Protocol):
     queries (a provider without ``embed_query``) go through it when it is there."""
 
     async def embed_interactive(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+@runtime_checkable
+class ArrayEmbeddingProvider(EmbeddingProvider, Protocol):
+    """A provider that can hand its document vectors over as one ``(len(texts), dimension)``
+    float array: the vectors ``embed`` gives, bit for bit, without a list of Python floats
+    per vector. The projector's embedding path uses it when it is there."""
+
+    async def embed_array(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def array_encoder(
+    provider: EmbeddingProvider,
+) -> Callable[[Sequence[str]], Awaitable[np.ndarray]] | None:
+    """The provider's ``embed_array``, or ``None`` when it has none or when ``embed`` was
+    overridden below the class that defines ``embed_array`` (a subclass's own ``embed``
+    is the recipe, and the array path would bypass it)."""
+    cls = type(provider)
+    owner = next((c for c in cls.__mro__ if "embed_array" in vars(c)), None)
+    instance: dict[str, Any] = getattr(provider, "__dict__", {})
+    if owner is None or "embed" in instance or "embed_array" in instance:
+        return None
+    if getattr(cls, "embed", None) is not getattr(owner, "embed", None):
+        return None
+    encode: Callable[[Sequence[str]], Awaitable[np.ndarray]] = provider.embed_array  # type: ignore[attr-defined]
+    return encode
 
 
 def document_query_encoder(

@@ -177,6 +177,44 @@ def _checked_matrix(dimension: int, vectors: list[Any] | tuple[Any, ...]) -> np.
     return matrix if _in_float32(matrix) else None
 
 
+def validate_array(identity_or_provider: Any, texts_count: int, matrix: Any) -> np.ndarray:
+    """Check an ``embed_array`` response: one ``(texts_count, dimension)`` array of a float
+    dtype, every component finite and within float32 range. Returns a float32 copy (what
+    the stores keep; a float64 array is rounded as ``validate_matrix``'s rows are), so the
+    provider may reuse its buffer."""
+    identity = identity_of(identity_or_provider)
+    if not isinstance(matrix, np.ndarray) or matrix.ndim != 2:
+        shape = f"a {matrix.ndim}-D array" if isinstance(matrix, np.ndarray) else None
+        raise InvalidEmbedding(
+            "embedding provider's embed_array must return a 2-D float array, got "
+            f"{shape or type(matrix).__name__}"
+        )
+    if not np.issubdtype(matrix.dtype, np.floating):
+        raise InvalidEmbedding(
+            f"embedding provider's embed_array must return a float array, got {matrix.dtype}"
+        )
+    if matrix.shape[0] != texts_count:
+        raise InvalidEmbedding(
+            f"embedding provider returned {matrix.shape[0]} vectors for {texts_count} inputs; "
+            "expected exactly one per input"
+        )
+    if matrix.shape[1] != identity.dimension:
+        raise InvalidEmbedding(
+            f"vector 0: has {matrix.shape[1]} components, the provider declares dimension "
+            f"{identity.dimension}"
+        )
+    bad = ~np.isfinite(matrix)
+    if matrix.dtype.itemsize > np.dtype(np.float32).itemsize:
+        bad |= np.abs(matrix) > FLOAT32_MAX
+    if bad.any():
+        index, position = (int(i) for i in np.argwhere(bad)[0])
+        raise InvalidEmbedding(
+            f"vector {index}: component {position} is {float(matrix[index, position])!r}; "
+            "components must be finite and fit float32"
+        )
+    return np.array(matrix, dtype="<f4")
+
+
 def validate_vector(identity_or_provider: Any, vector: Any) -> list[float]:
     """Check one vector (an ``embed_query`` result); see ``validate_vectors``."""
     return validate_vectors(identity_or_provider, 1, [vector])[0]

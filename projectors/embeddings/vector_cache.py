@@ -23,7 +23,7 @@ from prme.producers.sqlite_files import connect_wal
 from prme.schemas.metrics import Metrics
 
 from ..stores.sqlite_base import LockedDatabase, transaction
-from .protocol import EmbeddingIdentity
+from .protocol import EmbeddingIdentity, array_encoder
 from .validation import (
     Float32Vector,
     check_identity_unchanged,
@@ -31,6 +31,7 @@ from .validation import (
     float32_vector,
     float32_vectors,
     identity_of,
+    validate_array,
     validate_matrix,
 )
 
@@ -282,12 +283,16 @@ async def embed_with_cache(
         return [vector for vector in cached if vector is not None]
     missing = [text for text, _ in missing_at]
     started = time.perf_counter()
-    matrix = validate_matrix(identity, len(missing), await provider.embed(missing))
+    encode_array = array_encoder(provider)
+    if encode_array is not None:
+        rounded = validate_array(identity, len(missing), await encode_array(missing))
+    else:
+        matrix = validate_matrix(identity, len(missing), await provider.embed(missing))
+        rounded = matrix.astype(_FLOAT32)
     if metrics is not None:
         metrics.embed_duration.labels("document").observe(time.perf_counter() - started)
         metrics.texts_encoded.labels("document").inc(len(missing))
     check_identity_unchanged(identity, provider)
-    rounded = matrix.astype(_FLOAT32)
     await asyncio.to_thread(
         cache.put_checked, identity, [hashes[index] for _, index in missing_at], rounded
     )
