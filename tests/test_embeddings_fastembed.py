@@ -167,6 +167,26 @@ async def test_encoding_runs_off_the_event_loop_thread(default_model_dir: Path) 
 
 
 @pytest.mark.model
+async def test_the_array_path_loads_and_encodes_off_the_event_loop_thread(
+    default_model_dir: Path,
+) -> None:
+    """Found in review: ``embed_array`` loaded the model (an ONNX session, ~0.3 s) on the
+    event loop before handing the encoding to a thread."""
+    provider = FastEmbedProvider(model_path=default_model_dir)
+    loads: list[int] = []
+    load = provider._loaded
+
+    def recording() -> Any:
+        loads.append(threading.get_ident())
+        return load()
+
+    provider._loaded = recording  # type: ignore[method-assign]
+    matrix = await provider.embed_array(["hello there"])
+    assert matrix.shape == (1, 384)
+    assert loads and loads[0] != threading.get_ident()
+
+
+@pytest.mark.model
 async def test_default_provider_loads_the_assembled_model_from_models_dir(
     default_model_dir: Path,
 ) -> None:

@@ -274,6 +274,7 @@ def test_a_float_array_is_checked_and_handed_back_as_a_float32_copy(dtype: type)
         (np.array([[0.0, np.nan, 0.0]]), "vector 0: component 1 is nan"),
         (np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -np.inf]])[1:], "vector 0: component 2 is -inf"),
         (np.array([[0.0, FLOAT32_MAX * 2, 0.0]]), "vector 0: component 1 is 6.8"),
+        (np.ma.masked_invalid(np.array([[0.0, np.nan, 1.0]])), "not a masked one"),
     ],
 )
 def test_a_malformed_array_response_is_rejected_naming_what_is_wrong(

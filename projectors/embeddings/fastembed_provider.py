@@ -156,7 +156,7 @@ class FastEmbedProvider:
             return validate_matrix(self, len(batch), await self.embed(batch))
         if not batch:
             return np.zeros((0, self._dimension), dtype=np.float32)
-        return await asyncio.to_thread(self._encode_array, self._loaded(), batch)
+        return await asyncio.to_thread(self._encode_array_sync, batch)
 
     def _recipe_overridden(self) -> bool:
         cls = type(self)
@@ -174,6 +174,10 @@ class FastEmbedProvider:
         if not batch:
             return []
         return self._encode(self._loaded(), batch)
+
+    def _encode_array_sync(self, batch: list[str]) -> np.ndarray:
+        """On a worker thread, as ``encode_sync``: the first call loads the model."""
+        return self._encode_array(self._loaded(), batch)
 
     def _encode_queries_sync(self, batch: list[str]) -> list[list[float]]:
         """On a worker thread: loading the query session (a first query) may assemble the

@@ -183,6 +183,10 @@ def validate_array(identity_or_provider: Any, texts_count: int, matrix: Any) -> 
     the stores keep; a float64 array is rounded as ``validate_matrix``'s rows are), so the
     provider may reuse its buffer."""
     identity = identity_of(identity_or_provider)
+    if isinstance(matrix, np.ma.MaskedArray):  # its checks skip what the mask hides
+        raise InvalidEmbedding(
+            "embedding provider's embed_array must return a plain float array, not a masked one"
+        )
     if not isinstance(matrix, np.ndarray) or matrix.ndim != 2:
         shape = f"a {matrix.ndim}-D array" if isinstance(matrix, np.ndarray) else None
         raise InvalidEmbedding(
