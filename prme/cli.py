@@ -111,6 +111,7 @@ async def _ingest(args: argparse.Namespace) -> int:
     from prme.producers.ingest import INGEST_BATCH, ingest_lines
     from prme.producers.ingest_build import BUILD_CHUNK, builder_process
     from prme.producers.producer import Producer
+    from prme.schemas.errors import RequestIdConflict
 
     settings = _settings(args)
     total = None if args.file == "-" else sum(1 for _ in _read_lines(args.file))
@@ -141,6 +142,14 @@ async def _ingest(args: argparse.Namespace) -> int:
                     progress=progress,
                     builder=builder,
                 )
+            except RequestIdConflict as conflict:  # the append of its chunk wrote nothing
+                bar.close()
+                print(
+                    f"prme ingest: {args.file}: {conflict} (from the chunk holding that line); "
+                    f"{landed} records of the file were written",
+                    file=sys.stderr,
+                )
+                return 1
             except asyncio.CancelledError:  # Ctrl-C; the appends in flight have landed
                 bar.close()
                 print(

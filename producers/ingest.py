@@ -132,8 +132,9 @@ async def ingest_lines(
     return await _ingest(lines, producer, builder, on_error, batch_size, max_in_flight, progress)
 
 
-def _report(progress: Callable[[int], None], count: int, _task: asyncio.Task[Any]) -> None:
-    progress(count)
+def _report(progress: Callable[[int], None], count: int, task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is None:  # a failed append landed nothing
+        progress(count)
 
 
 class _InFlight:

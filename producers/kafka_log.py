@@ -29,7 +29,7 @@ from .kafka_group import GroupMember, describe_group
 from .kafka_membership import read_cluster_map
 from .kafka_topics import RETENTION_FOREVER, Replication, cluster_replication, create_topic
 from .partitioner import Partitioner
-from .transport import LogEntry, LogItem, Membership, Position
+from .transport import LogEntry, LogItem, Membership, Position, check_same_write
 
 T = TypeVar("T")
 
@@ -50,8 +50,8 @@ cached data keys, ``keys.WRITE_TTL_S``)."""
 
 
 class DedupeCache:
-    """A bounded LRU map ``dedupe_key -> Position`` whose entries expire ``ttl_s`` after
-    they were written."""
+    """A bounded LRU map ``dedupe_key -> (Position, fingerprint)`` whose entries expire
+    ``ttl_s`` after they were written."""
 
     def __init__(
         self,
@@ -62,24 +62,29 @@ class DedupeCache:
         self._capacity = capacity
         self._ttl_s = ttl_s
         self._clock = clock
-        self._positions: OrderedDict[str, tuple[Position, float]] = OrderedDict()
+        self._positions: OrderedDict[str, tuple[Position, bytes | None, float]] = OrderedDict()
 
     def get(self, key: str) -> Position | None:
+        held = self.held(key)
+        return None if held is None else held[0]
+
+    def held(self, key: str) -> tuple[Position, bytes | None] | None:
+        """The first write's position and fingerprint (``None`` once expired)."""
         held = self._positions.get(key)
         if held is None:
             return None
-        if self._clock() - held[1] > self._ttl_s:
+        if self._clock() - held[2] > self._ttl_s:
             del self._positions[key]
             return None
         self._positions.move_to_end(key)
-        return held[0]
+        return held[0], held[1]
 
     def forget(self, prefix: str) -> None:
         for key in [key for key in self._positions if key.startswith(prefix)]:
             del self._positions[key]
 
-    def put(self, key: str, position: Position) -> None:
-        self._positions[key] = (position, self._clock())
+    def put(self, key: str, position: Position, fingerprint: bytes | None = None) -> None:
+        self._positions[key] = (position, fingerprint, self._clock())
         self._positions.move_to_end(key)
         while len(self._positions) > self._capacity:
             self._positions.popitem(last=False)
@@ -124,6 +129,8 @@ class KafkaLogTransport:
         self.dedupe_hits = 0
         """Appends answered from the dedupe map (or a same-key append in flight)."""
         self._in_flight: dict[str, asyncio.Future[Position]] = {}
+        self._in_flight_prints: dict[str, bytes | None] = {}
+        """The fingerprint of each key in flight (a conflicting append must not wait)."""
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: AIOKafkaProducer | None = None
         self._txn_producer: AIOKafkaProducer | None = None
@@ -248,16 +255,19 @@ class KafkaLogTransport:
         key = item.dedupe_key
         if key is None:
             return await self._send(item)
-        known = self._dedupe.get(key)
+        known = self._dedupe.held(key)
         if known is not None:
+            check_same_write(item, known[1])
             self.dedupe_hits += 1
-            return known
+            return known[0]
         pending = self._in_flight.get(key)
         if pending is not None:
+            check_same_write(item, self._in_flight_prints.get(key))
             self.dedupe_hits += 1
             return await asyncio.shield(pending)
         future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
+        self._in_flight_prints[key] = item.fingerprint
         try:
             position = await self._send(item)
         except BaseException as error:
@@ -266,7 +276,8 @@ class KafkaLogTransport:
             raise
         finally:
             del self._in_flight[key]
-        self._dedupe.put(key, position)
+            del self._in_flight_prints[key]
+        self._dedupe.put(key, position, item.fingerprint)
         future.set_result(position)
         return position
 
@@ -301,22 +312,27 @@ class KafkaLogTransport:
         batch_keys: dict[str, int] = {}
         to_write: list[int] = []
         pending: dict[int, asyncio.Future[Position]] = {}  # keys another append is writing
+        hits = 0
         for index, item in enumerate(items):
             key = item.dedupe_key
-            known = self._dedupe.get(key) if key is not None else None
+            known = self._dedupe.held(key) if key is not None else None
             if known is not None:
-                positions[index] = known
-                self.dedupe_hits += 1
+                check_same_write(item, known[1])
+                positions[index] = known[0]
+                hits += 1
             elif key is not None and key in batch_keys:
-                self.dedupe_hits += 1
+                check_same_write(item, items[batch_keys[key]].fingerprint)
+                hits += 1
                 continue  # a repeat inside the batch: filled from its first occurrence
             elif key is not None and key in self._in_flight:
+                check_same_write(item, self._in_flight_prints.get(key))
                 pending[index] = self._in_flight[key]
-                self.dedupe_hits += 1
+                hits += 1
             else:
                 if key is not None:
                     batch_keys[key] = index
                 to_write.append(index)
+        self.dedupe_hits += hits  # checked whole: a conflict writes nothing, counts nothing
         if to_write:
             send = (
                 self._send_many
@@ -347,6 +363,9 @@ class KafkaLogTransport:
         loop = asyncio.get_running_loop()
         futures = {key: loop.create_future() for key in keys}
         self._in_flight.update(futures)
+        self._in_flight_prints.update(
+            (item.dedupe_key, item.fingerprint) for item in items if item.dedupe_key is not None
+        )
         try:
             written = await send(items)
         except BaseException as error:
@@ -357,9 +376,10 @@ class KafkaLogTransport:
         finally:
             for key in keys:
                 del self._in_flight[key]
+                self._in_flight_prints.pop(key, None)
         for item, position in zip(items, written, strict=True):
             if item.dedupe_key is not None:
-                self._dedupe.put(item.dedupe_key, position)
+                self._dedupe.put(item.dedupe_key, position, item.fingerprint)
                 futures[item.dedupe_key].set_result(position)
         return written
 

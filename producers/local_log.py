@@ -20,7 +20,14 @@ from prme.schemas.errors import ConfigurationError, TransportError
 from .partitioner import Partitioner
 from .sqlite_files import connect_wal
 from .sqlite_thread import SqliteThread
-from .transport import LogEntry, LogItem, Membership, PartitionsCallback, Position
+from .transport import (
+    LogEntry,
+    LogItem,
+    Membership,
+    PartitionsCallback,
+    Position,
+    check_same_write,
+)
 
 T = TypeVar("T")
 
@@ -37,9 +44,12 @@ CREATE TABLE IF NOT EXISTS log (
 CREATE TABLE IF NOT EXISTS dedupe (
     dedupe_key TEXT PRIMARY KEY,
     partition INTEGER NOT NULL,
-    offset INTEGER NOT NULL
+    offset INTEGER NOT NULL,
+    fingerprint BLOB
 ) WITHOUT ROWID;
 """
+_ADD_FINGERPRINTS = "ALTER TABLE dedupe ADD COLUMN fingerprint BLOB"
+"""A log written before fingerprints: its keys keep a NULL one, which conflicts with none."""
 
 _POLL_INTERVAL_S = 0.05
 """How often a local consumer re-reads the file for appends made by another process."""
@@ -86,6 +96,9 @@ class LocalLogTransport(SqliteThread):
         connection.executescript(_SCHEMA)
         connection.execute("BEGIN IMMEDIATE")
         try:
+            columns = {row[1] for row in connection.execute("PRAGMA table_info(dedupe)")}
+            if "fingerprint" not in columns:
+                connection.execute(_ADD_FINGERPRINTS)
             row = connection.execute("SELECT value FROM meta WHERE name='partitions'").fetchone()
             if row is None:
                 connection.execute(
@@ -132,10 +145,11 @@ class LocalLogTransport(SqliteThread):
             for item in items:
                 if item.dedupe_key is not None:
                     row = connection.execute(
-                        "SELECT partition, offset FROM dedupe WHERE dedupe_key=?",
+                        "SELECT partition, offset, fingerprint FROM dedupe WHERE dedupe_key=?",
                         (item.dedupe_key,),
                     ).fetchone()
                     if row is not None:
+                        check_same_write(item, row[2])
                         positions.append(Position(row[0], row[1]))
                         hits += 1
                         continue
@@ -153,7 +167,8 @@ class LocalLogTransport(SqliteThread):
                 )
                 if item.dedupe_key is not None:
                     connection.execute(
-                        "INSERT INTO dedupe VALUES (?, ?, ?)", (item.dedupe_key, partition, offset)
+                        "INSERT INTO dedupe VALUES (?, ?, ?, ?)",
+                        (item.dedupe_key, partition, offset, item.fingerprint),
                     )
                 positions.append(Position(partition, offset))
             connection.execute("COMMIT")

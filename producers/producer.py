@@ -406,9 +406,29 @@ class Producer:
 
 def log_item(record: Record, encoded: bytes | None = None) -> LogItem:
     """What the log stores for ``record``: its owner as the key, its encoding
-    (``encoded``, when the caller has it), and the dedupe key of its ``request_id``."""
-    key = dedupe_key(record.owner, record.request_id) if record.request_id else None
-    return LogItem(record.owner.encode(), encoded or encode_record(record), key)
+    (``encoded``, when the caller has it), and the dedupe key and fingerprint of its
+    ``request_id``."""
+    value = encoded or encode_record(record)
+    if not record.request_id:
+        return LogItem(record.owner.encode(), value)
+    key = dedupe_key(record.owner, record.request_id)
+    return LogItem(record.owner.encode(), value, key, request_fingerprint(record))
+
+
+_FINGERPRINTED = msgspec.json.Encoder(order="deterministic")
+_STAMPED = ("event_id", "recorded_at")
+"""What the producer stamps on a record: not part of what a retry must repeat."""
+
+
+def request_fingerprint(record: Record) -> bytes:
+    """A digest of what ``record``'s write says (its kind and every field but the ones the
+    producer stamps; object keys in any order): a retry under the same ``request_id``
+    repeats it, another write does not (``RequestIdConflict``)."""
+    fields = msgspec.structs.asdict(record)
+    for name in _STAMPED:
+        del fields[name]
+    fields["kind"] = type(record).__struct_config__.tag
+    return hashlib.blake2b(_FINGERPRINTED.encode(fields), digest_size=16).digest()
 
 
 def dedupe_key(owner: str, request_id: str) -> str:

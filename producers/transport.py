@@ -13,6 +13,7 @@ from typing import Annotated, Protocol, runtime_checkable
 import msgspec
 
 from prme.schemas.cluster import ClusterMap, MemberClaim
+from prme.schemas.errors import request_id_conflict
 
 
 class Position(msgspec.Struct, frozen=True, order=True):
@@ -25,11 +26,20 @@ class Position(msgspec.Struct, frozen=True, order=True):
 class LogItem(msgspec.Struct, frozen=True):
     """A record to append: the key (owner id bytes), the encoded value, and an optional
     idempotency key; a second append with the same ``dedupe_key`` returns the first
-    append's position and writes nothing."""
+    append's position and writes nothing, unless both carry a ``fingerprint`` (a digest of
+    what the write says) and the two differ: that raises ``RequestIdConflict``."""
 
     key: bytes
     value: bytes
     dedupe_key: str | None = None
+    fingerprint: bytes | None = None
+
+
+def check_same_write(item: LogItem, known: bytes | None) -> None:
+    """Raise ``RequestIdConflict`` when ``item`` reuses a dedupe key whose first write had
+    another fingerprint (an unknown one, from before fingerprints, conflicts with none)."""
+    if known is not None and item.fingerprint is not None and known != item.fingerprint:
+        raise request_id_conflict(item.dedupe_key or "")
 
 
 class LogEntry(msgspec.Struct, frozen=True):

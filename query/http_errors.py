@@ -11,6 +11,7 @@ from prme.schemas.errors import (
     InvalidInput,
     NotFound,
     PRMEError,
+    RequestIdConflict,
     ShardUnavailable,
     TransportError,
     Unauthenticated,
@@ -21,12 +22,13 @@ ERROR_STATUS: list[tuple[type[PRMEError], int, str]] = [
     (Unauthenticated, 401, "unauthenticated"),
     (Forbidden, 403, "forbidden"),
     (NotFound, 404, "not_found"),
+    (EmbeddingMismatch, 409, "embedding_mismatch"),
+    (RequestIdConflict, 409, "request_id_conflict"),
     (InvalidInput, 400, "invalid_input"),
     (WriteUnconfirmed, 504, "write_unconfirmed"),
     (ConsistencyTimeout, 504, "consistency_timeout"),
     (ShardUnavailable, 503, "shard_unavailable"),
     (TransportError, 503, "transport_unavailable"),
-    (EmbeddingMismatch, 409, "embedding_mismatch"),
     (ConfigurationError, 500, "configuration_error"),
 ]
 """Most specific first: the first class an error is an instance of gives its status and

@@ -21,6 +21,9 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     401: "unauthenticated: no API key, or an unknown one",
     403: "forbidden: the key may not act for that owner",
     404: "not_found: no such event or node for the owner, or no such route",
+    409: "request_id_conflict: the owner already used the request_id for a write with other "
+    "content (nothing was written); embedding_mismatch: the pack's vectors were built by "
+    "another embedding provider",
     413: "payload_too_large: the body is over limits.max_body_bytes",
     503: "shard_unavailable / transport_unavailable: the owner is not projected by this "
     "process, the projector stopped, or the log is unreachable",
@@ -39,7 +42,7 @@ def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
     }
 
 
-PROTECTED_ERRORS = error_responses(400, 401, 403, 404, 413, 503, 504)
+PROTECTED_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 503, 504)
 """What every route behind an API key can answer besides its success."""
 
 

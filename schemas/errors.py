@@ -20,6 +20,21 @@ TOO_DEEP = "JSON arrays or objects nested too deeply"
 """Why input nested past what the JSON and msgpack codecs recurse into is refused."""
 
 
+class RequestIdConflict(InvalidInput):
+    """A write reused a ``request_id`` of its owner for different content: a retry must
+    repeat the write it retries. Nothing was written (HTTP 409)."""
+
+
+def request_id_conflict(dedupe_key: str) -> RequestIdConflict:
+    """The error for a reused request id (``dedupe_key`` is ``owner\x1frequest_id``)."""
+    owner, _, request_id = dedupe_key.rpartition("\x1f")
+    named = f"request_id {request_id!r}" + (f" of owner {owner!r}" if owner else "")
+    return RequestIdConflict(
+        f"{named} was already used for a different write; a retry must send the same "
+        "content (use a new request_id for a new write). Nothing was written"
+    )
+
+
 class RecordDecodeError(PRMEError, ValueError):
     """Bytes from the log could not be decoded into a known record."""
 

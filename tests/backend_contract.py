@@ -11,7 +11,7 @@ import pytest
 from prme.producers.producer import MessageDraft
 from prme.query.backend import MemoryBackend
 from prme.query.http_types import RetrieveRequest
-from prme.schemas.errors import InvalidInput, NotFound
+from prme.schemas.errors import InvalidInput, NotFound, RequestIdConflict
 from prme.schemas.records import Message
 
 UNKNOWN_EVENT = "01900000-0000-7000-8000-000000000000"
@@ -65,6 +65,24 @@ class MemoryBackendContract:
             await backend.store_many(bad)
         texts = [r.text for r in (await backend.retrieve("kept out", "alice")).results]
         assert "kept out" not in texts and len(texts) == 3
+
+    async def test_a_request_id_reused_for_other_content_is_refused_and_writes_nothing(
+        self, backend: MemoryBackend
+    ) -> None:
+        first = await backend.store("Pay the invoice.", "alice", request_id="req-9")
+        retry = await backend.store("Pay the invoice.", "alice", request_id="req-9")
+        assert retry.event_id == first.event_id
+        with pytest.raises(RequestIdConflict, match="'req-9' of owner 'alice' was already used"):
+            await backend.store("Pay the rent.", "alice", request_id="req-9")
+        with pytest.raises(RequestIdConflict):
+            await backend.store_many(
+                [
+                    MessageDraft(owner="alice", content="Water the plants."),
+                    MessageDraft(owner="alice", content="Pay it twice.", request_id="req-9"),
+                ]
+            )
+        found = await backend.retrieve("pay rent plants invoice", "alice", after=first.token)
+        assert [r.text for r in found.results] == ["Pay the invoice."]
 
     async def test_chat_history_add_delete_replace_clear(self, backend: MemoryBackend) -> None:
         drafts = [

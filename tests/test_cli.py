@@ -316,3 +316,28 @@ def test_an_interrupted_ingest_says_so_and_leaves_the_files_first_lines(tmp_path
     assert 0 < len(numbers) < len(rows)
     assert numbers == list(range(len(numbers)))
     assert said[-2].startswith(f"{source}: {len(numbers)} records written, in the file's order")
+
+
+def test_an_ingest_reusing_a_request_id_for_other_content_says_so_in_one_line(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    data = tmp_path / "pack"
+    first = write_jsonl(
+        tmp_path / "a.jsonl", [{"owner": "alice", "content": "a", "request_id": "r1"}]
+    )
+    assert prme("ingest", str(first), "--quiet", "--data-dir", str(data)).returncode == 0
+    rows = [
+        {"owner": "alice", "content": "fresh", "request_id": "r2"},
+        {"owner": "alice", "content": "not a", "request_id": "r1"},
+    ]
+    result = prme(
+        "ingest", str(write_jsonl(tmp_path / "b.jsonl", rows)), "--quiet", "--data-dir", str(data)
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    said = result.stderr.strip().splitlines()
+    assert len(said) == 1 and "request_id 'r1' of owner 'alice' was already used" in said[0]
+    assert said[0].endswith("0 records of the file were written")
+    with sqlite3.connect(data / "log.sqlite3") as db:
+        assert db.execute("SELECT COUNT(*) FROM log").fetchone()[0] == 1

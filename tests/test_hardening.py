@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from prme.producers.factory import open_transport
+from prme.producers.local_log import LocalLogTransport
 from prme.producers.producer import MessageDraft, Producer, log_item
 from prme.producers.transport import LogItem, Position
 from prme.projectors.dead_letters import dead_letters_of
@@ -478,3 +480,18 @@ def test_empty_metadata_is_held_to_a_metadata_limit_under_its_two_bytes() -> Non
     )
     with pytest.raises(InvalidInput, match="metadata is 2 bytes, over the limit of 1"):
         producer.build_message(MessageDraft(owner="alice", content="x"))
+
+
+def test_a_write_fingerprint_ignores_what_the_producer_stamps_and_key_order() -> None:
+    producer = Producer(LocalLogTransport(":memory:", 1))
+    draft = MessageDraft(owner="alice", content="x", request_id="r", metadata={"a": 1, "b": 2})
+    first = log_item(producer.build_message(draft))
+    reordered = msgspec.structs.replace(draft, metadata={"b": 2, "a": 1})
+    again = log_item(producer.build_message(reordered))  # a new recorded_at
+    assert first.fingerprint is not None and again.fingerprint == first.fingerprint
+    for change in ({"content": "y"}, {"session_id": "s2"}, {"metadata": {"a": 1}}):
+        other = log_item(producer.build_message(msgspec.structs.replace(draft, **change)))
+        assert other.fingerprint != first.fingerprint
+    assert (
+        log_item(producer.build_message(MessageDraft(owner="a", content="x"))).fingerprint is None
+    )

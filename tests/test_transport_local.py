@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from prme.producers.local_log import LocalLogTransport
+from prme.producers.transport import LogItem
 from prme.schemas.config import Settings
-from prme.schemas.errors import ConfigurationError
+from prme.schemas.errors import ConfigurationError, RequestIdConflict
 
 from .transport_contract import TransportContract
 
@@ -42,3 +44,22 @@ async def test_an_append_made_while_a_consumer_reads_wakes_it_at_once(tmp_path: 
         await asyncio.wait_for(transport.wait_for_append(seen, timeout_s=30), timeout=2)
     finally:
         await transport.close()
+
+
+async def test_a_log_written_before_fingerprints_keeps_its_request_ids(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite3"
+    first = LocalLogTransport(path, partitions=4)
+    await first.start()
+    written = await first.append(LogItem(b"alice", b"old", "alice\x1fr1"))
+    await first.close()
+    with sqlite3.connect(path) as connection:  # the dedupe table as it was
+        connection.execute("ALTER TABLE dedupe DROP COLUMN fingerprint")
+    again = LocalLogTransport(path, partitions=4)
+    await again.start()
+    try:
+        assert await again.append(LogItem(b"alice", b"old", "alice\x1fr1", b"print")) == written
+        await again.append(LogItem(b"alice", b"new", "alice\x1fr2", b"print-2"))
+        with pytest.raises(RequestIdConflict):
+            await again.append(LogItem(b"alice", b"other", "alice\x1fr2", b"print-3"))
+    finally:
+        await again.close()

@@ -17,12 +17,15 @@ from prme.producers.factory import open_transport
 from prme.producers.partitioner import partition_for_key
 from prme.producers.transport import LogItem, LogTransport
 from prme.schemas.config import Settings
+from prme.schemas.errors import RequestIdConflict
 
 CHILD = Path(__file__).with_name("transport_child.py")
 
 
-def _item(owner: str, value: str, dedupe_key: str | None = None) -> LogItem:
-    return LogItem(owner.encode(), value.encode(), dedupe_key)
+def _item(
+    owner: str, value: str, dedupe_key: str | None = None, fingerprint: bytes | None = None
+) -> LogItem:
+    return LogItem(owner.encode(), value.encode(), dedupe_key, fingerprint)
 
 
 async def _read_all(transport: LogTransport, partition: int) -> list[tuple[int, bytes, bytes]]:
@@ -201,6 +204,33 @@ class TransportContract:
             v for _, k, v in await _read_all(transport, first.partition) if k == b"alice"
         )
         assert values == sorted([b"one", b"two", b"three", b"plain", b"plain"])
+
+    async def test_a_dedupe_key_reused_for_another_write_is_a_conflict(
+        self, transport: LogTransport
+    ) -> None:
+        key = "alice\x1freq-c"
+        first = await transport.append(_item("alice", "first", key, b"print-1"))
+        assert await transport.append(_item("alice", "first", key, b"print-1")) == first
+        assert await transport.append(_item("alice", "unprinted", key)) == first
+        with pytest.raises(RequestIdConflict, match="'req-c' of owner 'alice' was already used"):
+            await transport.append(_item("alice", "second", key, b"print-2"))
+        for atomic in (True, False):
+            with pytest.raises(RequestIdConflict):
+                await transport.append_many(
+                    [_item("alice", "fresh", "alice\x1fnew"), _item("alice", "x", key, b"p")],
+                    atomic=atomic,
+                )
+        with pytest.raises(RequestIdConflict):  # a repeat inside one batch
+            await transport.append_many(
+                [
+                    _item("alice", "a", "alice\x1fpair", b"print-a"),
+                    _item("alice", "b", "alice\x1fpair", b"print-b"),
+                ]
+            )
+        values = [v for _, k, v in await _read_all(transport, first.partition) if k == b"alice"]
+        assert values == [b"first"]  # a conflict writes nothing, not even the batch's others
+        fresh = await transport.append(_item("alice", "fresh", "alice\x1fnew"))
+        assert fresh.offset == first.offset + 1
 
     async def test_forgotten_dedupe_keys_are_written_again(self, transport: LogTransport) -> None:
         first = await transport.append(_item("alice", "old", dedupe_key="alice\x1freq-1"))
