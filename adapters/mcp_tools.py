@@ -105,7 +105,8 @@ DESCRIPTIONS = {
     "role": "Who said it.",
     "name": "The speaker's name, when it is not just the role.",
     "occurred_at": "When it happened (RFC 3339), if not now.",
-    "request_id": "An idempotency key: a retry with the same key writes nothing new.",
+    "request_id": "An idempotency key: a retry with the same key and the same content writes "
+    "nothing new; the same key with other content is refused.",
     "metadata": "Your own JSON object, stored with the message.",
     "query": "What to look for, in natural language.",
     "top_k": "How many memories at most (>= 1).",

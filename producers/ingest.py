@@ -15,11 +15,11 @@ from typing import Any, Literal
 import msgspec
 
 from prme.schemas.codec import explain_json_error
-from prme.schemas.errors import TOO_DEEP, InvalidInput
+from prme.schemas.errors import TOO_DEEP, InvalidInput, reused_request_id
 from prme.schemas.records import Message
 
 from .producer import Producer
-from .transport import LogItem
+from .transport import LogItem, LogTransport, split_dedupe_key
 
 
 class IngestLine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -207,6 +207,49 @@ def _summary(
     )
 
 
+class _RequestIdClaims:
+    """The request ids of this run's lines that are not on the log yet, with their writes'
+    fingerprints: a line that reuses one of them, or one already on the log, for another
+    write is a bad line, refused before its batch is sent (so ``stop`` keeps the file's
+    first lines and ``skip`` passes over it, as for any bad line)."""
+
+    def __init__(self, transport: LogTransport) -> None:
+        self._transport = transport
+        self._pending: dict[str, bytes | None] = {}
+
+    async def conflicts(self, built: list[Any]) -> dict[int, str]:
+        """Line number -> error, for the lines of ``built`` (``BuiltLine``) that conflict."""
+        keyed = [
+            (line.number, line.item.dedupe_key, line.item.fingerprint)
+            for line in built
+            if line.error is None and line.item is not None and line.item.dedupe_key is not None
+        ]
+        if not keyed:
+            return {}
+        fresh = [key for _, key, _ in keyed if key not in self._pending]
+        written = await self._transport.written_fingerprints(fresh) if fresh else {}
+        found: dict[int, str] = {}
+        for number, key, fingerprint in keyed:
+            if key in self._pending:
+                first = self._pending[key]
+            elif key in written:
+                first = written[key]
+            else:
+                self._pending[key] = fingerprint
+                continue
+            if first is not None and fingerprint is not None and first != fingerprint:
+                found[number] = (
+                    f"{reused_request_id(*split_dedupe_key(key))}: a line must repeat the "
+                    "write its request_id was first used for"
+                )
+        return found
+
+    def landed(self, keys: Iterable[str]) -> None:
+        """``keys`` are on the log now: the transport answers for them from here on."""
+        for key in keys:
+            self._pending.pop(key, None)
+
+
 async def _ingest(
     lines: Iterable[bytes],
     producer: Producer,
@@ -238,6 +281,7 @@ async def _ingest(
     loop = asyncio.get_running_loop()
     errors: list[LineError] = []
     sender = _InFlight(max_in_flight, progress)
+    claims = _RequestIdClaims(producer.transport)
     # Chunks in file order: a worker's (its future) or one this process builds when its turn
     # comes (its first line number and lines).
     pending: collections.deque[asyncio.Future[list[BuiltLine]] | tuple[int, list[bytes]]] = (
@@ -259,7 +303,12 @@ async def _ingest(
             sealed = await producer.seal_items([items[i] for i in plain])
             for index, item in zip(plain, sealed, strict=True):
                 items[index] = item
-        append = functools.partial(producer.append_items, items, ids, atomic=False, sealed=True)
+        keys = [item.dedupe_key for item in items if item.dedupe_key is not None]
+
+        async def append() -> None:
+            await producer.append_items(items, ids, atomic=False, sealed=True)
+            claims.landed(keys)
+
         await sender.send(append, len(items))
 
     # The owners of the latest lines, whose keys go with the next chunk (see ingest_build).
@@ -287,10 +336,12 @@ async def _ingest(
     async def take(built: list[BuiltLine]) -> bool:
         """Batch the built lines; ``False`` once a bad line stops the ingest."""
         nonlocal count
+        conflicts = await claims.conflicts(built)
         for line in built:
             count += 1
-            if line.error is not None:
-                errors.append(LineError(line.number, line.error))
+            error = line.error or conflicts.get(line.number)
+            if error is not None:
+                errors.append(LineError(line.number, error))
                 if on_error == "stop":
                     return False
                 continue

@@ -296,6 +296,16 @@ class KafkaLogTransport:
     async def forget_dedupe(self, prefix: str) -> None:
         self._dedupe.forget(prefix)
 
+    async def written_fingerprints(self, keys: Sequence[str]) -> dict[str, bytes | None]:
+        found: dict[str, bytes | None] = {}
+        for key in keys:
+            held = self._dedupe.held(key)
+            if held is not None:
+                found[key] = held[1]
+            elif key in self._in_flight:
+                found[key] = self._in_flight_prints.get(key)
+        return found
+
     async def append_many(self, items: Sequence[LogItem], *, atomic: bool = True) -> list[Position]:
         """Append all items in one Kafka transaction: every item is committed or none is
         (one item to write goes without a transaction: it is all or nothing by itself).

@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS dedupe (
 _ADD_FINGERPRINTS = "ALTER TABLE dedupe ADD COLUMN fingerprint BLOB"
 """A log written before fingerprints: its keys keep a NULL one, which conflicts with none."""
 
+_KEYS_PER_QUERY = 500
 _POLL_INTERVAL_S = 0.05
 """How often a local consumer re-reads the file for appends made by another process."""
 
@@ -177,6 +178,19 @@ class LocalLogTransport(SqliteThread):
             raise
         self.dedupe_hits += hits
         return positions
+
+    async def written_fingerprints(self, keys: Sequence[str]) -> dict[str, bytes | None]:
+        return await self._run(self._written_fingerprints, list(keys))
+
+    def _written_fingerprints(self, keys: list[str]) -> dict[str, bytes | None]:
+        connection = self._require_connection()
+        found: dict[str, bytes | None] = {}
+        for start in range(0, len(keys), _KEYS_PER_QUERY):
+            chunk = keys[start : start + _KEYS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT dedupe_key, fingerprint FROM dedupe WHERE dedupe_key IN ({marks})"
+            found.update(connection.execute(query, chunk).fetchall())
+        return found
 
     async def forget_dedupe(self, prefix: str) -> None:
         await self._run(self._forget_dedupe, prefix)

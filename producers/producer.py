@@ -37,7 +37,7 @@ from prme.schemas.sealing import DataKey
 
 from .keys import KeyStore
 from .sealing import RecordSealer
-from .transport import LogItem, LogTransport, Position
+from .transport import LogItem, LogTransport, Position, dedupe_key
 
 ControlKind = Literal[
     "history_cleared",
@@ -166,16 +166,13 @@ def new_event_id() -> str:
 
 def replacement_request_id(session_id: str, scope: str, messages: Sequence[Message]) -> str | None:
     """The request id of a replacement whose messages carry request ids (any of them):
-    a hash of the history and of each message (its request id, or its content when it has
-    none), so the same replacement sent again is the same events, marker included.
-    ``None`` when no message has one (the replacement is new each time it is sent)."""
+    a hash of the history and of each message's fingerprint (its request id and all it
+    says), so the same replacement sent again is the same events, marker included, and
+    any other replacement is new (never a conflict). ``None`` when no message has one (the
+    replacement is new each time it is sent)."""
     if not any(message.request_id for message in messages):
         return None
-    material = [
-        message.request_id
-        or [message.role, message.name, message.content, message.tool_calls, message.metadata]
-        for message in messages
-    ]
+    material = [request_fingerprint(message) for message in messages]
     digest = hashlib.blake2b(
         msgspec.msgpack.encode([session_id, scope, material]), digest_size=16
     ).hexdigest()
@@ -415,34 +412,21 @@ def log_item(record: Record, encoded: bytes | None = None) -> LogItem:
     return LogItem(record.owner.encode(), value, key, request_fingerprint(record))
 
 
-_FINGERPRINTED = msgspec.json.Encoder(order="deterministic")
+_FINGERPRINTED = msgspec.msgpack.Encoder(order="deterministic")
 _STAMPED = ("event_id", "recorded_at")
 """What the producer stamps on a record: not part of what a retry must repeat."""
 
 
 def request_fingerprint(record: Record) -> bytes:
     """A digest of what ``record``'s write says (its kind and every field but the ones the
-    producer stamps; object keys in any order): a retry under the same ``request_id``
-    repeats it, another write does not (``RequestIdConflict``)."""
+    producer stamps; object keys in any order; times as the instants the log stores, so
+    ``10:00+02:00`` is ``08:00Z``): a retry under the same ``request_id`` repeats it,
+    another write does not (``RequestIdConflict``)."""
     fields = msgspec.structs.asdict(record)
     for name in _STAMPED:
         del fields[name]
     fields["kind"] = type(record).__struct_config__.tag
     return hashlib.blake2b(_FINGERPRINTED.encode(fields), digest_size=16).digest()
-
-
-def dedupe_key(owner: str, request_id: str) -> str:
-    """The idempotency key of ``request_id`` of ``owner``: distinct for distinct pairs.
-
-    An owner without a unit separator (every owner the producer accepts) keeps the form
-    the local log has always stored, ``owner␟request_id``: it splits at its first ``␟``, so
-    it is unambiguous. An owner with one (written before owner ids were checked) gets a
-    length-prefixed form that starts with ``␟``, which no key of the first form does (owner
-    ids are not empty): owner ``a␟x`` with request ``y`` and owner ``a`` with request
-    ``x␟y`` no longer share a key."""
-    if "\x1f" not in owner:
-        return f"{owner}\x1f{request_id}"
-    return f"\x1f{len(owner)}:{owner}{request_id}"
 
 
 def _convert(fields: dict[str, Any], record_type: type[Record]) -> tuple[Any, bytes]:

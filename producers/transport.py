@@ -35,11 +35,34 @@ class LogItem(msgspec.Struct, frozen=True):
     fingerprint: bytes | None = None
 
 
+def dedupe_key(owner: str, request_id: str) -> str:
+    """The idempotency key of ``request_id`` of ``owner``: distinct for distinct pairs.
+
+    An owner without a unit separator (every owner the producer accepts) keeps the form
+    the local log has always stored, ``owner␟request_id``: it splits at its first ``␟``, so
+    it is unambiguous. An owner with one (written before owner ids were checked) gets a
+    length-prefixed form that starts with ``␟``, which no key of the first form does (owner
+    ids are not empty): owner ``a␟x`` with request ``y`` and owner ``a`` with request
+    ``x␟y`` no longer share a key."""
+    if "\x1f" not in owner:
+        return f"{owner}\x1f{request_id}"
+    return f"\x1f{len(owner)}:{owner}{request_id}"
+
+
+def split_dedupe_key(key: str) -> tuple[str, str]:
+    """``(owner, request_id)`` of a key ``dedupe_key`` made."""
+    if key.startswith("\x1f"):
+        length, _, rest = key[1:].partition(":")
+        return rest[: int(length)], rest[int(length) :]
+    owner, _, request_id = key.partition("\x1f")
+    return owner, request_id
+
+
 def check_same_write(item: LogItem, known: bytes | None) -> None:
     """Raise ``RequestIdConflict`` when ``item`` reuses a dedupe key whose first write had
     another fingerprint (an unknown one, from before fingerprints, conflicts with none)."""
     if known is not None and item.fingerprint is not None and known != item.fingerprint:
-        raise request_id_conflict(item.dedupe_key or "")
+        raise request_id_conflict(*split_dedupe_key(item.dedupe_key or ""))
 
 
 class LogEntry(msgspec.Struct, frozen=True):
@@ -98,6 +121,12 @@ class LogTransport(Protocol):
     async def forget_dedupe(self, prefix: str) -> None:
         """Forget the dedupe keys starting with ``prefix`` (an erased owner's: its next
         write with a request id it used before is a new write)."""
+        ...
+
+    async def written_fingerprints(self, keys: Sequence[str]) -> dict[str, bytes | None]:
+        """Of ``keys``, those an append would answer with a first write (being written
+        included), each with that write's fingerprint (``None``: unknown), so a bulk
+        writer can refuse a conflicting line before it sends its batch."""
         ...
 
     async def end_offsets(self) -> dict[int, int]:

@@ -25,14 +25,17 @@ class RequestIdConflict(InvalidInput):
     repeat the write it retries. Nothing was written (HTTP 409)."""
 
 
-def request_id_conflict(dedupe_key: str) -> RequestIdConflict:
-    """The error for a reused request id (``dedupe_key`` is ``owner\x1frequest_id``)."""
-    owner, _, request_id = dedupe_key.rpartition("\x1f")
-    named = f"request_id {request_id!r}" + (f" of owner {owner!r}" if owner else "")
+def request_id_conflict(owner: str, request_id: str) -> RequestIdConflict:
+    """The error for ``owner``'s ``request_id`` reused for another write."""
     return RequestIdConflict(
-        f"{named} was already used for a different write; a retry must send the same "
-        "content (use a new request_id for a new write). Nothing was written"
+        f"{reused_request_id(owner, request_id)}; a retry must send the same content (use a "
+        "new request_id for a new write). Nothing was written"
     )
+
+
+def reused_request_id(owner: str, request_id: str) -> str:
+    """What is wrong with a write that reuses a request id for other content."""
+    return f"request_id {request_id!r} of owner {owner!r} was already used for a different write"
 
 
 class RecordDecodeError(PRMEError, ValueError):

@@ -318,11 +318,21 @@ def test_an_interrupted_ingest_says_so_and_leaves_the_files_first_lines(tmp_path
     assert said[-2].startswith(f"{source}: {len(numbers)} records written, in the file's order")
 
 
-def test_an_ingest_reusing_a_request_id_for_other_content_says_so_in_one_line(
+def _log_contents(data: Path, owners: list[str]) -> list[str]:
+    """The contents on the log of ``owners``' records, in each owner's order (``audit``)."""
+    contents: list[str] = []
+    for owner in owners:
+        audit = prme("audit", "--owner", owner, "--data-dir", str(data))
+        assert audit.returncode == 0, audit.stderr
+        contents += [json.loads(row)["record"]["content"] for row in audit.stdout.splitlines()]
+    return contents
+
+
+def test_an_ingest_line_reusing_a_request_id_for_other_content_is_a_bad_line(
     tmp_path: Path,
 ) -> None:
-    import sqlite3
-
+    """Found in review: such a line failed its whole append (5,000 lines) while later ones
+    landed, leaving a hole, and the ingest printed a traceback."""
     data = tmp_path / "pack"
     first = write_jsonl(
         tmp_path / "a.jsonl", [{"owner": "alice", "content": "a", "request_id": "r1"}]
@@ -331,13 +341,40 @@ def test_an_ingest_reusing_a_request_id_for_other_content_says_so_in_one_line(
     rows = [
         {"owner": "alice", "content": "fresh", "request_id": "r2"},
         {"owner": "alice", "content": "not a", "request_id": "r1"},
+        {"owner": "alice", "content": "later", "request_id": "r3"},
+        {"owner": "alice", "content": "later, changed", "request_id": "r3"},
     ]
-    result = prme(
-        "ingest", str(write_jsonl(tmp_path / "b.jsonl", rows)), "--quiet", "--data-dir", str(data)
+    source = write_jsonl(tmp_path / "b.jsonl", rows)
+    stopped = prme("ingest", str(source), "--quiet", "--data-dir", str(data))
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr
+    said = stopped.stderr.strip().splitlines()
+    assert said[0] == (
+        f"{source}:2: request_id 'r1' of owner 'alice' was already used for a different "
+        "write: a line must repeat the write its request_id was first used for"
     )
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    said = result.stderr.strip().splitlines()
-    assert len(said) == 1 and "request_id 'r1' of owner 'alice' was already used" in said[0]
-    assert said[0].endswith("0 records of the file were written")
-    with sqlite3.connect(data / "log.sqlite3") as db:
-        assert db.execute("SELECT COUNT(*) FROM log").fetchone()[0] == 1
+    assert said[1].startswith(f"{source}: stopped at line 2")
+    assert _log_contents(data, ["alice"]) == ["a", "fresh"]
+    skipped = prme("ingest", str(source), "--quiet", "--data-dir", str(data), "--on-error", "skip")
+    assert skipped.returncode == 0
+    assert [line.split(": ")[0] for line in skipped.stderr.strip().splitlines()] == [
+        f"{source}:2",
+        f"{source}:4",  # repeats a line of the same run with other content
+    ]
+    assert _log_contents(data, ["alice"]) == ["a", "fresh", "later"]
+
+
+def test_a_large_ingest_stops_at_a_reused_request_id_with_the_lines_before_it_written(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "pack"
+    rows = [
+        {"owner": f"u{i % 7}", "content": f"line {i}", "request_id": f"r{i}"} for i in range(12_000)
+    ]
+    rows[11_000] = {"owner": "u0", "content": "line 0 changed", "request_id": "r0"}
+    source = write_jsonl(tmp_path / "big.jsonl", rows)
+    result = prme("ingest", str(source), "--quiet", "--data-dir", str(data), "--batch-size", "500")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"{source}:11001: request_id 'r0' of owner 'u0'")
+    assert sorted(_log_contents(data, [f"u{i}" for i in range(7)])) == sorted(
+        f"line {i}" for i in range(11_000)
+    )

@@ -15,7 +15,7 @@ import pytest
 from prme.producers.factory import open_transport
 from prme.producers.local_log import LocalLogTransport
 from prme.producers.producer import MessageDraft, Producer, log_item
-from prme.producers.transport import LogItem, Position
+from prme.producers.transport import LogItem, Position, dedupe_key, split_dedupe_key
 from prme.projectors.dead_letters import dead_letters_of
 from prme.projectors.runner import remove_stale_staging
 from prme.projectors.stores.graph import GraphModel
@@ -495,3 +495,51 @@ def test_a_write_fingerprint_ignores_what_the_producer_stamps_and_key_order() ->
     assert (
         log_item(producer.build_message(MessageDraft(owner="a", content="x"))).fingerprint is None
     )
+
+
+@pytest.mark.parametrize(
+    ("owner", "request_id"), [("alice", "r1"), ("alice", "a\x1fb"), ("a\x1fx", "y"), ("o", "")]
+)
+def test_a_dedupe_key_splits_back_into_its_owner_and_request_id(
+    owner: str, request_id: str
+) -> None:
+    assert split_dedupe_key(dedupe_key(owner, request_id)) == (owner, request_id)
+
+
+async def test_a_conflict_names_the_request_id_as_sent(engine: MemoryEngine) -> None:
+    """Found in review: a request id holding a unit separator was split at the wrong one."""
+    await engine.store("one", "alice", request_id="a\x1fb")
+    with pytest.raises(InvalidInput, match=r"request_id 'a\\x1fb' of owner 'alice'"):
+        await engine.store("two", "alice", request_id="a\x1fb")
+
+
+async def test_a_replacement_changed_anywhere_is_a_new_replacement_not_a_conflict(
+    engine: MemoryEngine,
+) -> None:
+    """Found in review: a replacement whose message without a request id changed only its
+    time (or whose message with one changed its content) answered 409, naming a derived
+    ``replace:<hash>:<i>`` id the caller never sent."""
+    from datetime import UTC, datetime
+
+    def drafts(day: int, first: str) -> list[MessageDraft]:
+        return [
+            MessageDraft(owner="alice", session_id="s1", content=first, request_id="m0"),
+            MessageDraft(
+                owner="alice",
+                session_id="s1",
+                content="yo",
+                occurred_at=datetime(2024, 1, day, tzinfo=UTC),
+            ),
+        ]
+
+    first = await engine.replace_history("alice", "s1", drafts(1, "hi"))
+    assert [r.event_id for r in await engine.replace_history("alice", "s1", drafts(1, "hi"))] == [
+        r.event_id for r in first
+    ]
+    for day, text in ((2, "hi"), (2, "hello")):
+        again = await engine.replace_history("alice", "s1", drafts(day, text))
+        history = await engine.history("alice", "s1", after=again[-1].token)
+        assert [(m.content, m.occurred_at) for m in history] == [
+            (text, None),
+            ("yo", datetime(2024, 1, day, tzinfo=UTC)),
+        ]

@@ -232,6 +232,23 @@ class TransportContract:
         fresh = await transport.append(_item("alice", "fresh", "alice\x1fnew"))
         assert fresh.offset == first.offset + 1
 
+    async def test_written_fingerprints_answer_for_the_keys_an_append_would_dedupe(
+        self, transport: LogTransport
+    ) -> None:
+        await transport.append(_item("alice", "one", "alice\x1fr1", b"print-1"))
+        await transport.append(_item("alice", "two", "alice\x1fr2"))
+        keys = ["alice\x1fr1", "alice\x1fr2", "alice\x1fr3", "bob\x1fr1"]
+        assert await transport.written_fingerprints(keys) == {
+            "alice\x1fr1": b"print-1",
+            "alice\x1fr2": None,
+        }
+        many = [f"k\x1f{i}" for i in range(1_200)]
+        await transport.append_many([_item("k", "v", key, b"p") for key in many[::2]])
+        assert await transport.written_fingerprints(many) == dict.fromkeys(many[::2], b"p")
+        await transport.forget_dedupe("alice\x1f")
+        assert await transport.written_fingerprints(keys) == {}
+        assert await transport.written_fingerprints([]) == {}
+
     async def test_forgotten_dedupe_keys_are_written_again(self, transport: LogTransport) -> None:
         first = await transport.append(_item("alice", "old", dedupe_key="alice\x1freq-1"))
         kept = await transport.append(_item("alicia", "hers", dedupe_key="alicia\x1freq-1"))
