@@ -64,10 +64,6 @@ class DedupeCache:
         self._clock = clock
         self._positions: OrderedDict[str, tuple[Position, bytes | None, float]] = OrderedDict()
 
-    def get(self, key: str) -> Position | None:
-        held = self.held(key)
-        return None if held is None else held[0]
-
     def held(self, key: str) -> tuple[Position, bytes | None] | None:
         """The first write's position and fingerprint (``None`` once expired)."""
         held = self._positions.get(key)

@@ -45,13 +45,13 @@ def test_a_request_id_is_answered_from_the_map_for_its_time_only() -> None:
     cache = DedupeCache(capacity=2, ttl_s=60.0, clock=lambda: now[0])
     cache.put("alice\x1fr1", Position(0, 5))
     now[0] += 59.0
-    assert cache.get("alice\x1fr1") == Position(0, 5)
+    assert cache.held("alice\x1fr1") == (Position(0, 5), None)
     now[0] += 2.0
-    assert cache.get("alice\x1fr1") is None
+    assert cache.held("alice\x1fr1") is None
     cache.put("a", Position(0, 1))
     cache.put("b", Position(0, 2))
     cache.put("c", Position(0, 3))  # over capacity: the least recently used goes
-    assert (cache.get("a"), cache.get("c")) == (None, Position(0, 3))
+    assert (cache.held("a"), cache.held("c")) == (None, (Position(0, 3), None))
 
 
 async def test_abandoned_batch_deliveries_are_not_reported_as_never_retrieved() -> None:
