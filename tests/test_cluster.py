@@ -240,6 +240,8 @@ def test_a_serve_only_node_routes_every_read(
             assert [m["content"] for m in history.json()] == [f"{owner} sails"]
             assert history.headers["x-prme-served-by"] in {n.url for n in nodes}
         assert router.get("/v1/cluster").json()["owned"] == []
+    # It embeds nothing, so it keeps no vector cache (it used to create an empty one).
+    assert not (router.data_dir / "vector_cache.sqlite3").exists()
 
 
 def test_processes_split_the_embedded_log_behind_one_port(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sqlite3
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,6 +56,19 @@ def test_put_then_get_round_trips_as_float32(tmp_path: Path) -> None:
     assert got[2] == as_float32([0.1, 0.2, 0.3]) == got[3]
     assert got[2] is not got[3]
     assert np.allclose(got[2], [0.1, 0.2, 0.3], atol=1e-7)
+
+
+def test_the_file_is_created_at_the_first_use_only(tmp_path: Path) -> None:
+    path = tmp_path / "vectors.sqlite"
+    with VectorCache(path) as cache:
+        assert cache.hits == cache.misses == 0
+    assert not path.exists()
+    cache = VectorCache(path)
+    assert cache.get_many(EmbeddingIdentity("m", "v", 2), ["a"]) == [None]
+    assert path.exists()
+    cache.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        cache.count()
 
 
 def test_vectors_survive_reopening(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sqlite3
 import threading
 import time
 from array import array
@@ -82,25 +83,52 @@ def as_float32(vector: Sequence[float]) -> list[float]:
 
 
 class VectorCache(LockedDatabase):
-    """SQLite file of vectors; safe to share between threads and processes."""
+    """SQLite file of vectors; safe to share between threads and processes. The file is
+    opened, and created, at its first use: a process that never embeds nor reads a vector
+    (a serve-only node) leaves none in its data directory."""
 
     def __init__(self, path: Path, *, timeout_s: float = 30.0) -> None:
         self._path = Path(path)
+        self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._db = connect_wal(self._path, timeout_s=timeout_s)
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
-        self._db.execute("PRAGMA secure_delete=ON")
-        exists = self._db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'vectors'"
-        ).fetchone()
-        if exists is None:  # an older file keeps its layout (no second key index on it)
-            self._db.executescript(_SCHEMA)
-        self._db.executescript(_CHANGELOG_SCHEMA)
-        self._db.executescript(_OWNERS_SCHEMA)
+        self._connection: sqlite3.Connection | None = None
+        self._closed = False
         self.hits = 0
         """Texts :meth:`get_many` found a vector for (this process, since opening)."""
         self.misses = 0
+
+    @property
+    def _db(self) -> sqlite3.Connection:  # type: ignore[override]
+        """The connection (callers hold ``_lock``), opened at the first use."""
+        if self._connection is None:
+            if self._closed:
+                raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+            self._connection = self._open()
+        return self._connection
+
+    def _open(self) -> sqlite3.Connection:
+        db = connect_wal(self._path, timeout_s=self._timeout_s)
+        try:
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
+            db.execute("PRAGMA secure_delete=ON")
+            exists = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'vectors'"
+            ).fetchone()
+            if exists is None:  # an older file keeps its layout (no second key index on it)
+                db.executescript(_SCHEMA)
+            db.executescript(_CHANGELOG_SCHEMA)
+            db.executescript(_OWNERS_SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._connection is not None:
+                self._connection.close()
 
     @property
     def path(self) -> Path:
