@@ -13,7 +13,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -29,7 +29,14 @@ from .kafka_group import GroupMember, describe_group
 from .kafka_membership import read_cluster_map
 from .kafka_topics import RETENTION_FOREVER, Replication, cluster_replication, create_topic
 from .partitioner import Partitioner
-from .transport import LogEntry, LogItem, Membership, Position, check_same_write
+from .transport import (
+    FirstWrites,
+    LogEntry,
+    LogItem,
+    Membership,
+    Position,
+    check_same_write,
+)
 
 T = TypeVar("T")
 
@@ -91,9 +98,10 @@ class KafkaLogTransport:
 
     ``dedupe_key`` idempotency is kept in a bounded in-process LRU (``dedupe_capacity``
     keys, each for ``DEDUPE_TTL_S``): a retry through the same transport instance returns
-    the first position and writes nothing. Kafka cannot check this itself, so a retry from
-    another process (or after a restart, or after the key expired or was evicted) is
-    written again; projectors deduplicate it downstream by event id.
+    the first position and writes nothing. Kafka cannot look keys up itself, so a key the
+    map does not hold is asked of ``first_writes`` (a node's events read models, for the
+    partitions it projects); a retry that neither knows (another node's write, not yet
+    applied here) is written again, and projectors deduplicate it downstream by event id.
     """
 
     def __init__(
@@ -127,6 +135,8 @@ class KafkaLogTransport:
         self._in_flight: dict[str, asyncio.Future[Position]] = {}
         self._in_flight_prints: dict[str, bytes | None] = {}
         """The fingerprint of each key in flight (a conflicting append must not wait)."""
+        self.first_writes: FirstWrites | None = None
+        """Where a key the map misses is looked up (set by the node that projects)."""
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: AIOKafkaProducer | None = None
         self._txn_producer: AIOKafkaProducer | None = None
@@ -251,6 +261,7 @@ class KafkaLogTransport:
         key = item.dedupe_key
         if key is None:
             return await self._send(item)
+        await self._recall([key])
         known = self._dedupe.held(key)
         if known is not None:
             check_same_write(item, known[1])
@@ -292,7 +303,22 @@ class KafkaLogTransport:
     async def forget_dedupe(self, prefix: str) -> None:
         self._dedupe.forget(prefix)
 
+    async def _recall(self, keys: Iterable[str | None]) -> None:
+        """Put in the map the first writes ``first_writes`` knows of the keys that neither
+        the map nor an append in flight holds (the caller then checks the map as usual)."""
+        unknown = [
+            key
+            for key in dict.fromkeys(keys)
+            if key is not None and key not in self._in_flight and self._dedupe.held(key) is None
+        ]
+        if not unknown or self.first_writes is None:
+            return
+        for key, (position, fingerprint) in (await self.first_writes(unknown)).items():
+            if self._dedupe.held(key) is None:
+                self._dedupe.put(key, position, fingerprint)
+
     async def written_fingerprints(self, keys: Sequence[str]) -> dict[str, bytes | None]:
+        await self._recall(keys)
         found: dict[str, bytes | None] = {}
         for key in keys:
             held = self._dedupe.held(key)
@@ -314,6 +340,7 @@ class KafkaLogTransport:
         """
         if not atomic and all(item.dedupe_key is None for item in items):
             return await self._send_many(items)
+        await self._recall(item.dedupe_key for item in items)
         positions: list[Position | None] = [None] * len(items)
         batch_keys: dict[str, int] = {}
         to_write: list[int] = []

@@ -58,6 +58,19 @@ def split_dedupe_key(key: str) -> tuple[str, str]:
     return owner, request_id
 
 
+FirstWrites = Callable[[Sequence[str]], Awaitable[dict[str, tuple[Position, bytes | None]]]]
+"""Given dedupe keys, the first write of each one a durable read model has applied: its
+position and fingerprint (``None``: written before fingerprints); unknown keys are left out.
+A transport that cannot look keys up itself (Kafka) asks one when its own map misses."""
+
+
+@runtime_checkable
+class AsksFirstWrites(Protocol):
+    """A transport that asks ``first_writes`` about the keys it cannot look up itself."""
+
+    first_writes: FirstWrites | None
+
+
 def check_same_write(item: LogItem, known: bytes | None) -> None:
     """Raise ``RequestIdConflict`` when ``item`` reuses a dedupe key whose first write had
     another fingerprint (an unknown one, from before fingerprints, conflicts with none)."""

@@ -10,12 +10,20 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
 from prme.producers.factory import open_key_store, open_vector_changelog
 from prme.producers.keys import KeyStore
-from prme.producers.transport import LogConsumer, LogTransport, Membership
+from prme.producers.producer import request_event_id, request_fingerprint
+from prme.producers.transport import (
+    LogConsumer,
+    LogTransport,
+    Membership,
+    Position,
+    split_dedupe_key,
+)
 from prme.schemas.cluster import SECRET_REFUSED, ClusterMap, MemberClaim, secret_tag
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
@@ -32,7 +40,7 @@ from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
 from .embeddings.validation import Float32Vector, identity_of
 from .embeddings.vector_cache import VectorCache, content_hash, embed_with_cache
 from .erasure import Forgetting
-from .model import ModelName
+from .model import ModelClosed, ModelName
 from .registry import MODEL_NAMES, read_models
 from .shard import RETIRED_SUFFIX, Shard, replace_model_directory, shard_directory
 from .standby import StandbyKeeper
@@ -773,6 +781,31 @@ class ProjectorRunner:
         if shard is None:
             return False
         return shard.position >= offset or self._consumed.get(partition, -1) > offset
+
+    async def first_writes(self, keys: Sequence[str]) -> dict[str, tuple[Position, bytes | None]]:
+        """``FirstWrites`` from the events models of the shards this process holds: of
+        ``keys`` (dedupe keys), the writes they have applied, with the first copy's
+        position and fingerprint. A key of a partition held elsewhere, or of a shard that
+        cannot answer now, is left out (the transport then writes, best effort)."""
+        wanted: dict[int, dict[str, str]] = {}
+        for key in keys:
+            owner, request_id = split_dedupe_key(key)
+            partition = self.transport.partition_for(owner.encode("utf-8", "surrogatepass"))
+            wanted.setdefault(partition, {})[request_event_id(owner, request_id)] = key
+        found: dict[str, tuple[Position, bytes | None]] = {}
+        for partition, by_event in wanted.items():
+            shard = self.shards.get(partition)
+            if shard is None or "events" not in shard.models:
+                continue
+            lookup = methodcaller("first_records", list(by_event))
+            try:
+                rows = await shard.call("events", lookup)
+            except (ShardUnavailable, ModelClosed, KeyError, RuntimeError):
+                continue
+            for event_id, (offset, record) in rows.items():
+                fingerprint = request_fingerprint(record)
+                found[by_event[event_id]] = (Position(partition, offset), fingerprint)
+        return found
 
     async def shard_for(self, owner: str) -> Shard:
         """The open shard that holds ``owner`` (ShardUnavailable if not projected here)."""

@@ -23,7 +23,7 @@ from prme.producers.producer import (
     check_supersede,
     dedupe_key,
 )
-from prme.producers.transport import LogTransport, Position
+from prme.producers.transport import AsksFirstWrites, LogTransport, Position
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
 from prme.projectors.embeddings.model_assets import default_model_dir
@@ -199,6 +199,8 @@ class MemoryEngine(MemoryBackend):
             group=settings.cluster.group,
             own_data_dir=lock.held,  # False under a parent's lock: siblings share it
         )
+        if isinstance(transport, AsksFirstWrites):
+            transport.first_writes = runner.first_writes
         router = None
         if url is not None:
             router = ClusterRouter(settings, runner, transport, runner.metrics, url=url)

@@ -1,11 +1,13 @@
 """The ASGI middleware that sends a read to the node owning its owner's partition.
 
-Reads (retrieve, history, events) and the writes that must read first (delete a message,
-archive, restore, supersede: they check the event or node) are forwarded whole; the reply
-is relayed as it came (same status and body). Plain appends are not forwarded: any node
-appends to the log, and only their read-your-writes wait goes to the owner
-(``MemoryEngine.wait_for``). A request another node forwarded is served here or refused
-with 503 ``not_owner`` (never forwarded twice), so a stale map costs a retry, not a loop.
+Reads (retrieve, history, events), the writes that must read first (delete a message,
+archive, restore, supersede: they check the event or node) and one owner's writes that
+carry a ``request_id`` (the owner's node checks it against its events model, which Kafka
+cannot do) are forwarded whole; the reply is relayed as it came (same status and body).
+Other appends are not forwarded: any node appends to the log, and only their
+read-your-writes wait goes to the owner (``MemoryEngine.wait_for``). A request another node
+forwarded is served here or refused with 503 ``not_owner`` (never forwarded twice), so a
+stale map costs a retry, not a loop.
 """
 
 from __future__ import annotations
@@ -37,15 +39,28 @@ _ROUTED: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"/v1/events/[^/]+(/nodes)?"), "query"),
     ("DELETE", re.compile(r"/v1/history/messages/[^/]+"), "query"),
     ("POST", re.compile(r"/v1/nodes/[^/]+/(archive|restore|supersede)"), "body"),
+    ("POST", re.compile(r"/v1/(memories|history/messages|history/replace)"), "request_id"),
 ]
-"""(method, path, where the owner is): the requests answered by the owner's node."""
+"""(method, path, where the owner is): the requests answered by the owner's node
+(``request_id``: in the body, when the write carries a request id)."""
 
 
 class _Owner(msgspec.Struct):
     user_id: str | None = None
 
 
+class _RequestId(msgspec.Struct):
+    request_id: str | None = None
+
+
+class _IdempotentWrite(msgspec.Struct):
+    user_id: str | None = None
+    request_id: str | None = None
+    messages: list[_RequestId] = []
+
+
 _owner_of_body = msgspec.json.Decoder(_Owner)
+_idempotent_write = msgspec.json.Decoder(_IdempotentWrite)
 
 
 class ForwardingMiddleware:
@@ -109,6 +124,9 @@ class ForwardingMiddleware:
                 timeout_s=self.timeout_s,
             )
         except NotOwner as error:
+            if where == "request_id":  # no owner to check it: appended here, best effort
+                await self.app(scope, replay, stamped)
+                return
             await _refuse(send, error, not_owner=False)
             return
         if response is None:
@@ -163,6 +181,11 @@ def _owner(scope: Scope, body: bytes, where: str) -> str | None:
         values = parse_qs(scope.get("query_string", b"").decode(errors="replace")).get("user_id")
         return values[0] if values and values[0] else None
     try:
+        if where == "request_id":
+            write = _idempotent_write.decode(body)
+            if write.request_id is None and all(m.request_id is None for m in write.messages):
+                return None  # any node appends it
+            return write.user_id or None
         return _owner_of_body.decode(body).user_id or None
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None

@@ -112,6 +112,45 @@ async def test_every_node_answers_every_owner_like_a_single_node(
             assert [r.node_id for r in response.results] == answers[owner], owner
 
 
+def test_a_write_with_a_request_id_is_checked_by_its_owners_node(
+    cluster: tuple[list[Node], str],
+) -> None:
+    """Kafka cannot look a key up and each node's map holds its own appends only: a write
+    carrying a request_id goes to its owner's node, so a retry through any node answers
+    with the first write and other content is refused (both used to be written again,
+    and the projectors dropped the second write silently)."""
+    nodes, _ = cluster
+    owner = "idempotent-owner"
+    owning = nodes[0].get("/v1/history", params={"user_id": owner}).headers["x-prme-served-by"]
+    entry, retry = [node for node in nodes if node.url != owning]
+    memory = {"user_id": owner, "content": "Aurora ships on Friday", "request_id": "r-1"}
+    first = entry.post("/v1/memories", memory)
+    assert first.status_code == 201, first.text
+    assert first.headers["x-prme-served-by"] == owning
+    again = retry.post("/v1/memories", memory)
+    assert (again.status_code, again.json()) == (201, first.json())
+    conflict = retry.post("/v1/memories", {**memory, "content": "Aurora slips"})
+    assert conflict.status_code == 409, conflict.text
+    assert conflict.json()["error"] == "request_id_conflict"
+
+    messages = {
+        "user_id": owner,
+        "session_id": "default",
+        "messages": [{"content": "bring the charts", "request_id": "m"}],
+    }
+    added = entry.post("/v1/history/messages", messages)
+    assert added.status_code == 201, added.text
+    assert retry.post("/v1/history/messages", messages).json() == added.json()
+    plain = retry.post("/v1/memories", {"user_id": owner, "content": "no request id"})
+    assert plain.status_code == 201 and plain.headers["x-prme-served-by"] == retry.url
+    history = retry.get("/v1/history", params={"user_id": owner})
+    assert [m["content"] for m in history.json()] == [
+        "Aurora ships on Friday",
+        "bring the charts",
+        "no request id",
+    ]
+
+
 def forwards(nodes: list[Node]) -> float:
     total = 0.0
     for node in nodes:

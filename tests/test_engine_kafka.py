@@ -4,13 +4,15 @@ process does not project."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import msgspec
 import pytest
 
 from prme import MemoryEngine, MessageDraft
 from prme.schemas.config import Settings
-from prme.schemas.errors import ShardUnavailable
+from prme.schemas.errors import RequestIdConflict, ShardUnavailable
 
 from .test_projector import check_dead_letter_path
 
@@ -37,6 +39,42 @@ async def test_store_then_retrieve_and_history_agree_on_kafka(
         assert [m.content for m in history][-3:] == ["m0", "m1", "m2"]
         await engine.clear_history("alice", "s1")
         assert await engine.history("alice", "s1") == []
+
+
+async def test_a_request_id_outlives_the_process_map_through_the_events_model(
+    kafka_settings: Settings, hashed_provider: Any
+) -> None:
+    """Kafka cannot look a key up and a new process's map is empty: the node asks the
+    events model of the partition it holds, so a retry after a restart writes nothing and
+    answers with the first write, and other content under the same request id is refused
+    (both used to be written, the second silently dropped by the projectors)."""
+    sent = datetime(2026, 5, 1, 10, 0, tzinfo=timezone(timedelta(hours=2)))
+    draft = MessageDraft(
+        owner="alice",
+        session_id="s1",
+        content="Aurora ships on Friday",
+        metadata={"b": 1, "a": [2, 3]},
+        occurred_at=sent,
+        request_id="r-1",
+    )
+    async with await MemoryEngine.create(
+        settings=kafka_settings, embedding_provider=hashed_provider
+    ) as engine:
+        [first] = await engine.store_many([draft])
+    async with await MemoryEngine.open(
+        settings=kafka_settings, embedding_provider=hashed_provider
+    ) as engine:
+        ends = await engine.runner.transport.end_offsets()
+        same_instant = msgspec.structs.replace(
+            draft, metadata={"a": [2, 3], "b": 1}, occurred_at=sent.astimezone(UTC)
+        )
+        [again] = await engine.store_many([same_instant])
+        assert (again.event_id, again.token) == (first.event_id, first.token)
+        with pytest.raises(RequestIdConflict, match="'r-1' of owner 'alice' was already used"):
+            await engine.store_many([msgspec.structs.replace(draft, content="Aurora slips")])
+        assert await engine.runner.transport.end_offsets() == ends
+        history = await engine.history("alice", "s1")
+        assert [m.content for m in history] == ["Aurora ships on Friday"]
 
 
 async def test_owners_of_partitions_another_member_holds_are_refused(

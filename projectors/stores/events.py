@@ -110,6 +110,15 @@ class EventsModel(SqliteModel):
         )
         return {event_id: (offset, owner) for event_id, offset, owner in rows}
 
+    def first_records(self, event_ids: Sequence[str]) -> dict[str, tuple[int, AnyRecord]]:
+        """``(offset, record)`` of each of ``event_ids`` this model holds (its first copy)."""
+        rows = rows_in(
+            self._query,
+            "SELECT event_id, offset, record FROM events WHERE event_id IN ({marks})",
+            list(dict.fromkeys(event_ids)),
+        )
+        return {event_id: (offset, decode_record(data)) for event_id, offset, data in rows}
+
     def get(self, event_id: str) -> EventRow | None:
         rows = self._query(f"SELECT {_COLUMNS} FROM events WHERE event_id = ?", (event_id,))
         return _row(rows[0]) if rows else None
