@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import uvicorn
 
@@ -65,7 +65,7 @@ async def run_server(
             lifespan="off",
             server_header=False,
         )
-        server = uvicorn.Server(config)
+        server = _ClosingServer(config)
         watcher = asyncio.create_task(_stop_on(shutdown, server)) if shutdown else None
         try:
             await server.serve(sockets=_tcp_sockets(sockets) if sockets else None)
@@ -79,6 +79,21 @@ async def run_server(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await catching_up
         await engine.close()
+        log.info("stopped: the engine is closed (a Kafka node has left its group)")
+
+
+class _ClosingServer(uvicorn.Server):
+    """uvicorn re-raises a signal it caught once ``serve`` returns: SIGTERM's default
+    action then killed the process before the engine was closed, and SIGINT cancelled the
+    close half way, so a node stopped on purpose left its group only by the session
+    timeout, like a crashed one. Here the signal only stops the server; ``run_server``
+    closes the engine and returns."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
 
 
 def advertised_url(settings: Settings, sockets: Sequence[socket.socket] | None = None) -> str:

@@ -378,3 +378,42 @@ def test_a_large_ingest_stops_at_a_reused_request_id_with_the_lines_before_it_wr
     assert sorted(_log_contents(data, [f"u{i}" for i in range(7)])) == sorted(
         f"line {i}" for i in range(11_000)
     )
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_a_stopped_server_closes_its_engine_before_it_exits(tmp_path: Path, stop: str) -> None:
+    """Found by a new-user trial: uvicorn re-raised the signal it caught, so SIGTERM killed
+    the process before the engine was closed (exit -15) and SIGINT cancelled the close; a
+    Kafka node stopped on purpose left its group only by the session timeout."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "prme.cli", "serve", "--data-dir", str(tmp_path / "d")]
+    process = subprocess.Popen(
+        [*command, "--port", str(port), "--log-level", "info"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            health = f"http://127.0.0.1:{port}/v1/health"
+            with contextlib.suppress(OSError), urllib.request.urlopen(health, timeout=5):
+                break
+            assert process.poll() is None and time.monotonic() < deadline, "never came up"
+            time.sleep(0.2)  # poll interval while the server starts
+        process.send_signal(getattr(signal, stop))
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr
+    assert "stopped: the engine is closed" in stderr
+    assert "Traceback" not in stderr
