@@ -89,6 +89,16 @@ def _require_log(settings: Settings) -> None:
         raise ConfigurationError(f"no PRME log in {settings.data_dir}")
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port number, not {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
+    return port
+
+
 def _ingest_batch_size(text: str) -> int:
     from prme.producers.ingest import check_batch_size
     from prme.schemas.errors import InvalidInput
@@ -433,6 +443,7 @@ async def _rebuild(args: argparse.Namespace) -> int:
     models = MODEL_NAMES if args.model == "all" else (args.model,)
     # A directory holding only an ingested log is a pack whose read models are all missing.
     settings = _settings(args)
+    _require_log(settings)  # a mistyped --data-dir is no pack to rebuild
     async with await MemoryEngine.open(settings=settings, create_if_missing=True) as engine:
         cache = engine.runner.vector_cache
         hits, misses = cache.hits, cache.misses
@@ -579,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--workers", type=int, default=1, help="processes in the consumer group")
     project.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (worker i: PORT+i)",
     )
     _add_log_options(project)
@@ -604,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the HTTP service (docs/HTTP.md)")
     serve.add_argument("--host", help="bind address (PRME_SERVICE__HOST, default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (PRME_SERVICE__PORT, default 8765)")
+    serve.add_argument("--port", type=_port, help="port (PRME_SERVICE__PORT, default 8765)")
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
@@ -661,7 +672,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", help="front a running prme serve (PRME_MCP__URL; key: PRME_MCP__API_KEY)"
     )
     mcp.add_argument("--host", help="--http bind address (PRME_MCP__HOST, default 127.0.0.1)")
-    mcp.add_argument("--port", type=int, help="--http port (PRME_MCP__PORT, default 8766; 0: any)")
+    mcp.add_argument(
+        "--port", type=_port, help="--http port (PRME_MCP__PORT, default 8766; 0: any)"
+    )
     mcp.add_argument("--path", help="--http endpoint path (PRME_MCP__PATH, default /mcp)")
     mcp.add_argument(
         "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]

@@ -417,3 +417,24 @@ def test_a_stopped_server_closes_its_engine_before_it_exits(tmp_path: Path, stop
     assert process.returncode == 0, stderr
     assert "stopped: the engine is closed" in stderr
     assert "Traceback" not in stderr
+
+
+def test_careless_ports_and_a_mistyped_pack_are_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """Found by a new-user trial: ``--port 99999`` ended in an OverflowError traceback after
+    the data directory was created, and ``prme rebuild`` of a mistyped directory created an
+    empty pack and exited 0."""
+    for command in (
+        ["serve", "--port", "99999"],
+        ["serve", "--port", "-5"],
+        ["project", "--metrics-port", "70000"],
+        ["mcp", "--http", "--port", "port"],
+    ):
+        refused = prme(*command, "--data-dir", str(tmp_path / "never"))
+        assert refused.returncode == 2, (command, refused.stderr)
+        assert "port" in refused.stderr and "Traceback" not in refused.stderr
+    rebuilt = prme("rebuild", "--quiet", "--data-dir", str(tmp_path / "never"))
+    assert rebuilt.returncode == 2, rebuilt.stderr
+    assert f"no PRME log in {tmp_path / 'never'}" in rebuilt.stderr
+    assert not (tmp_path / "never").exists()
