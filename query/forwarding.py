@@ -187,8 +187,8 @@ def _owner(scope: Scope, body: bytes, where: str) -> str | None:
                 return None  # any node appends it
             return write.user_id or None
         return _owner_of_body.decode(body).user_id or None
-    except (msgspec.DecodeError, UnicodeDecodeError):
-        return None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None  # the app answers it (400), counted and logged as such
 
 
 def _headers(scope: Scope) -> dict[str, str]:

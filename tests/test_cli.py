@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -380,12 +381,9 @@ def test_a_large_ingest_stops_at_a_reused_request_id_with_the_lines_before_it_wr
     )
 
 
-@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
-def test_a_stopped_server_closes_its_engine_before_it_exits(tmp_path: Path, stop: str) -> None:
-    """Found by a new-user trial: uvicorn re-raised the signal it caught, so SIGTERM killed
-    the process before the engine was closed (exit -15) and SIGINT cancelled the close; a
-    Kafka node stopped on purpose left its group only by the session timeout."""
-    import signal
+@contextlib.contextmanager
+def serving(data: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``prme serve`` on ``data`` at a free loopback port, up (killed if still running)."""
     import socket
     import time
     import urllib.request
@@ -393,30 +391,70 @@ def test_a_stopped_server_closes_its_engine_before_it_exits(tmp_path: Path, stop
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "prme.cli", "serve", "--data-dir", str(tmp_path / "d")]
+    command = [sys.executable, "-m", "prme.cli", "serve", "--data-dir", str(data)]
     process = subprocess.Popen(
         [*command, "--port", str(port), "--log-level", "info"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
-            health = f"http://127.0.0.1:{port}/v1/health"
-            with contextlib.suppress(OSError), urllib.request.urlopen(health, timeout=5):
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(url + "/v1/health", timeout=5),
+            ):
                 break
             assert process.poll() is None and time.monotonic() < deadline, "never came up"
             time.sleep(0.2)  # poll interval while the server starts
-        process.send_signal(getattr(signal, stop))
-        _, stderr = process.communicate(timeout=120)
+        yield process, url
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.communicate()
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_a_stopped_server_closes_its_engine_before_it_exits(tmp_path: Path, stop: str) -> None:
+    """Found by a new-user trial: uvicorn re-raised the signal it caught, so SIGTERM killed
+    the process before the engine was closed (exit -15) and SIGINT cancelled the close; a
+    Kafka node stopped on purpose left its group only by the session timeout."""
+    import signal
+
+    with serving(tmp_path / "d") as (process, _):
+        process.send_signal(getattr(signal, stop))
+        _, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr
     assert "stopped: the engine is closed" in stderr
     assert "Traceback" not in stderr
+
+
+def test_a_body_nested_too_deeply_is_a_400_in_the_metrics_too(tmp_path: Path) -> None:
+    """Found by a new-user trial: the forwarding middleware's look at the body raised the
+    decoder's RecursionError past the request observer, so the client's 400 was logged and
+    counted as a 500 (anyone could set off 5xx alerts)."""
+    import httpx
+
+    deep = "[" * 2000 + "]" * 2000
+    with serving(tmp_path / "d") as (_, url):
+        for path, body in (
+            ("/v1/memories", f'{{"user_id":"a","content":"x","metadata":{{"k":{deep}}}}}'),
+            ("/v1/retrieve", f'{{"user_id":"a","query":{deep}}}'),
+        ):
+            answer = httpx.post(
+                url + path, content=body, headers={"content-type": "application/json"}
+            )
+            assert answer.status_code == 400, answer.text
+        counts = [
+            line
+            for line in httpx.get(url + "/metrics").text.splitlines()
+            if line.startswith("prme_http_request_duration_seconds_count")
+        ]
+    client_errors = [line.split('route="')[1].split('"')[0] for line in counts if "4xx" in line]
+    assert sorted(client_errors) == ["/v1/memories", "/v1/retrieve"], counts
+    assert not any('status="5xx"' in line for line in counts), counts
 
 
 def test_careless_ports_and_a_mistyped_pack_are_refused_before_anything_is_written(
