@@ -90,13 +90,13 @@ def _require_log(settings: Settings) -> None:
 
 
 def _port(text: str) -> int:
+    """``--metrics-port``: a port as the settings' ports are checked (``--port`` is one)."""
+    from prme.schemas.config import Port
+
     try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a port number, not {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
-    return port
+        return msgspec.convert(int(text), Port)
+    except (ValueError, msgspec.ValidationError) as error:
+        raise argparse.ArgumentTypeError(f"a port (0 to 65535), not {text!r}") from error
 
 
 def _ingest_batch_size(text: str) -> int:
@@ -615,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the HTTP service (docs/HTTP.md)")
     serve.add_argument("--host", help="bind address (PRME_SERVICE__HOST, default 127.0.0.1)")
-    serve.add_argument("--port", type=_port, help="port (PRME_SERVICE__PORT, default 8765)")
+    serve.add_argument("--port", type=int, help="port (PRME_SERVICE__PORT, default 8765)")
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
@@ -672,9 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", help="front a running prme serve (PRME_MCP__URL; key: PRME_MCP__API_KEY)"
     )
     mcp.add_argument("--host", help="--http bind address (PRME_MCP__HOST, default 127.0.0.1)")
-    mcp.add_argument(
-        "--port", type=_port, help="--http port (PRME_MCP__PORT, default 8766; 0: any)"
-    )
+    mcp.add_argument("--port", type=int, help="--http port (PRME_MCP__PORT, default 8766; 0: any)")
     mcp.add_argument("--path", help="--http endpoint path (PRME_MCP__PATH, default /mcp)")
     mcp.add_argument(
         "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]

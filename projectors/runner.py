@@ -40,7 +40,7 @@ from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
 from .embeddings.validation import Float32Vector, identity_of
 from .embeddings.vector_cache import VectorCache, content_hash, embed_with_cache
 from .erasure import Forgetting
-from .model import ModelClosed, ModelName
+from .model import ModelName
 from .registry import MODEL_NAMES, read_models
 from .shard import RETIRED_SUFFIX, Shard, replace_model_directory, shard_directory
 from .standby import StandbyKeeper
@@ -800,7 +800,7 @@ class ProjectorRunner:
             lookup = methodcaller("first_records", list(by_event))
             try:
                 rows = await shard.call("events", lookup)
-            except (ShardUnavailable, ModelClosed, KeyError, RuntimeError):
+            except (ShardUnavailable, KeyError, RuntimeError):  # closing (ModelClosed too)
                 continue
             for event_id, (offset, record) in rows.items():
                 fingerprint = request_fingerprint(record)

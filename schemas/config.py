@@ -130,9 +130,13 @@ class LimitsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     of a longer one is a lexical clause, and its analysis holds the event loop)."""
 
 
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+"""A TCP port (0: any free one)."""
+
+
 class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
-    port: int = 8765
+    port: Port = 8765
     api_keys: dict[str, str] = {}
     """API key -> owner it may act for; the owner ``*`` marks an admin key."""
 
@@ -147,7 +151,7 @@ class McpSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_key: str | None = None
     """The key sent to ``url`` (never on the command line: it would show in ``ps``)."""
     host: str = "127.0.0.1"
-    port: int = 8766
+    port: Port = 8766
     path: str = "/mcp"
     receipts: int = 256
     """Recall receipts kept in memory for ``prme://receipts/{id}`` (oldest dropped first)."""
@@ -255,7 +259,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """A copy with top-level fields (or nested dicts) changed; self is not modified."""
         tree = msgspec.to_builtins(self)
         _merge(tree, changes)
-        return msgspec.convert(tree, Settings, strict=False)
+        try:
+            return msgspec.convert(tree, Settings, strict=False)
+        except msgspec.ValidationError as error:
+            raise ConfigurationError(f"invalid settings: {error}") from error
 
     @property
     def data_path(self) -> Path:

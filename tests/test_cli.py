@@ -472,6 +472,11 @@ def test_careless_ports_and_a_mistyped_pack_are_refused_before_anything_is_writt
         refused = prme(*command, "--data-dir", str(tmp_path / "never"))
         assert refused.returncode == 2, (command, refused.stderr)
         assert "port" in refused.stderr and "Traceback" not in refused.stderr
+    # The settings check the port, so the environment's is refused the same way.
+    from_env = prme(
+        "serve", "--data-dir", str(tmp_path / "never"), env={"PRME_SERVICE__PORT": "99999"}
+    )
+    assert from_env.returncode == 2 and "port" in from_env.stderr, from_env.stderr
     rebuilt = prme("rebuild", "--quiet", "--data-dir", str(tmp_path / "never"))
     assert rebuilt.returncode == 2, rebuilt.stderr
     assert f"no PRME log in {tmp_path / 'never'}" in rebuilt.stderr
