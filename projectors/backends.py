@@ -9,6 +9,7 @@ the query service reads.
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -81,7 +82,9 @@ class VectorBackend:
             return cls(qdrant.collection, cast(QdrantClient, OneCallAtATime(local)))
         return cls(
             qdrant.collection,
-            QdrantClient(url=qdrant.url, api_key=qdrant.api_key, timeout=int(qdrant.timeout_s)),
+            QdrantClient(
+                url=qdrant.url, api_key=qdrant.api_key, timeout=math.ceil(qdrant.timeout_s)
+            ),
         )
 
     @property

@@ -29,6 +29,7 @@ from prme.schemas.errors import ConfigurationError
 
 from .auth import check_bind_safety
 from .data_lock import DataDirLock
+from .listening import listen
 
 RESTARTS_PER_MINUTE = 5
 RESTART_DELAY_S = 1.0
@@ -43,17 +44,19 @@ def serve_processes(settings: Settings, processes: int, options: Sequence[str]) 
             "--processes gives each process its own URL (HOST:PORT+1+i): leave "
             "--advertised-url unset"
         )
-    data_dir = settings.data_path
-    data_dir.mkdir(parents=True, exist_ok=True)
-    lock = DataDirLock.acquire(data_dir)
     host, port = settings.service.host, settings.service.port
-    sockets: list[socket.socket] = []
+    sockets = [listen(host, port)]  # a taken port is refused before the directory is made
     try:
-        return _serve_children(settings, processes, options, host, port, sockets, lock)
+        data_dir = settings.data_path
+        data_dir.mkdir(parents=True, exist_ok=True)
+        lock = DataDirLock.acquire(data_dir)
+        try:
+            return _serve_children(settings, processes, options, host, sockets, lock)
+        finally:
+            lock.release()
     finally:
         for sock in sockets:
             sock.close()
-        lock.release()
 
 
 def _serve_children(
@@ -61,16 +64,14 @@ def _serve_children(
     processes: int,
     options: Sequence[str],
     host: str,
-    port: int,
     sockets: list[socket.socket],
     lock: DataDirLock,
 ) -> int:
-    public = _listen(host, port)
-    sockets.append(public)
+    public = sockets[0]
     port = public.getsockname()[1]
     # Each child's own port: PORT+1+i when free (firewall rules like fixed ports), else any.
     fixed = settings.service.port != 0
-    own = [_listen(host, port + 1 + i if fixed else 0, any_if_taken=True) for i in range(processes)]
+    own = [listen(host, port + 1 + i if fixed else 0, any_if_taken=True) for i in range(processes)]
     sockets.extend(own)
     shown = f"[{host}]" if ":" in host else host
     urls = [f"http://{shown}:{s.getsockname()[1]}" for s in own]
@@ -91,22 +92,6 @@ def _serve_children(
 
     announced = f"prme serve: {processes} processes on http://{shown}:{port} ({', '.join(urls)})"
     return supervise(start, processes, announced)
-
-
-def _listen(host: str, port: int, *, any_if_taken: bool = False) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        if any_if_taken and port:
-            return _listen(host, 0)
-        raise ConfigurationError(f"cannot listen on {host}:{port}: {error}") from error
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def supervise(

@@ -23,6 +23,7 @@ from prme.schemas.errors import ConfigurationError
 
 from .auth import check_bind_safety
 from .engine import MemoryEngine
+from .listening import listen
 from .service import create_app
 
 log = logging.getLogger("prme.serve")
@@ -43,6 +44,23 @@ async def run_server(
     non-loopback address without API keys.
     """
     check_bind_safety(settings.service, sockets or ())
+    # Bound before the engine opens: a taken port must not first join the group, take
+    # partitions and leave again; and --port 0 advertises the port it got.
+    listening = list(sockets) if sockets else [listen(settings.service.host, settings.service.port)]
+    try:
+        await _serve(settings, listening, embedding_provider, shutdown, log_level)
+    finally:
+        if not sockets:
+            listening[0].close()
+
+
+async def _serve(
+    settings: Settings,
+    sockets: Sequence[socket.socket],
+    embedding_provider: EmbeddingProvider | None,
+    shutdown: asyncio.Event | None,
+    log_level: str,
+) -> None:
     url = advertised_url(settings, sockets)
     # Listening while catching up: /v1/ready says how far; a request for a partition
     # still catching up waits for it (bounded), then answers 503 with Retry-After.
@@ -68,7 +86,7 @@ async def run_server(
         server = _ClosingServer(config)
         watcher = asyncio.create_task(_stop_on(shutdown, server)) if shutdown else None
         try:
-            await server.serve(sockets=_tcp_sockets(sockets) if sockets else None)
+            await server.serve(sockets=_tcp_sockets(sockets))
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -79,7 +97,7 @@ async def run_server(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await catching_up
         await engine.close()
-        log.info("stopped: the engine is closed (a Kafka node has left its group)")
+        log.info("stopped: the engine is closed%s", left_group(settings))
 
 
 class _ClosingServer(uvicorn.Server):
@@ -125,6 +143,10 @@ async def _catch_up(engine: MemoryEngine) -> None:
         await engine.runner.catch_up(timeout_s=24 * 3600.0)
     except Exception as error:
         log.warning("catching up stopped: %s", error)
+
+
+def left_group(settings: Settings) -> str:
+    return " (this node has left its group)" if settings.log.transport == "kafka" else ""
 
 
 def _tcp_sockets(sockets: Sequence[socket.socket]) -> list[socket.socket]:

@@ -13,6 +13,11 @@ import msgspec
 from .errors import ConfigurationError
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=86_400)]
+"""A timeout: more than 0 and at most a day (nan and inf are refused)."""
+Weight = Annotated[float, msgspec.Meta(ge=0, le=1_000_000)]
+"""A weight or boost: 0 to a million (nan and inf are refused)."""
 
 
 class LogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -20,13 +25,13 @@ class LogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     bootstrap: str = "127.0.0.1:9092"
     topic: str = "prme.events"
     dlq_topic: str = "prme.events.dlq"
-    partitions: int = 12
-    request_timeout_s: float = 30.0
+    partitions: PositiveInt = 12
+    request_timeout_s: Seconds = 30.0
     transactional_id: str | None = None
     """Kafka only: a stable id fences a crashed predecessor and aborts its open transaction."""
-    replication_factor: int | None = None
+    replication_factor: PositiveInt | None = None
     """Kafka only, for topics PRME creates; unset: ``min(3, brokers in the cluster)``."""
-    min_insync_replicas: int | None = None
+    min_insync_replicas: PositiveInt | None = None
     """Kafka only; unset: ``replication_factor - 1`` (at least 1): 2 on three brokers."""
     vector_changelog: bool = True
     """Kafka only: publish computed vectors to the compacted topic ``<topic>.vectors`` and
@@ -43,7 +48,7 @@ class LogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str = "sentence-transformers/all-MiniLM-L6-v2"
-    dimension: int | None = None
+    dimension: PositiveInt | None = None
     batch_size: PositiveInt = 32
     cache_entries: PositiveInt = 10_000
     threads: PositiveInt | None = None
@@ -57,22 +62,22 @@ class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
 class ScoringSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fusion: Literal["rrf", "weighted", "zscore"] = "zscore"
     """zscore beat rrf (k=60) by ~15 points of recall_any@5 on LoCoMo (docs/RETRIEVAL.md)."""
-    rrf_k: int = 60
-    weights: dict[str, float] = msgspec.field(
+    rrf_k: Count = 60
+    weights: dict[str, Weight] = msgspec.field(
         default_factory=lambda: {"vector": 1.0, "lexical": 1.0, "graph": 1.0}
     )
-    candidates: int = 500
+    candidates: PositiveInt = 500
     """Per channel; zscore standardises over them, so more candidates, better statistics."""
     graph: bool = False
     """The graph channel lowered recall on LoCoMo under every fusion: off by default."""
 
 
 class LexicalSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    window_before: int = 2
-    window_after: int = 1
-    speaker_boost: float = 2.0
-    text_boost: float = 1.0
-    context_boost: float = 0.75
+    window_before: Count = 2
+    window_after: Count = 1
+    speaker_boost: Weight = 2.0
+    text_boost: Weight = 1.0
+    context_boost: Weight = 0.75
     """Neighbour text weighs less than the node's own text (see docs/RETRIEVAL.md). On LoCoMo
     (3 dev conversations, 382 questions) recall_any@10 was 0.686 without windows, 0.749 at
     0.5, 0.775 at 0.75 and 0.767 at 1.0."""
@@ -82,22 +87,22 @@ class QuerySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     strip_stopwords: bool = True
     temporal_cues: bool = True
     date_match: bool = True
-    time_boost: float = 1.0
+    time_boost: Weight = 1.0
     """``temporal_cues``: a memory stating a time scores ``1 + time_boost`` times more."""
-    date_boost: float = 1.0
+    date_boost: Weight = 1.0
     """``date_match``: a memory that occurred in a named span scores ``1 + date_boost`` times
     more."""
-    date_slack_days: int = 7
+    date_slack_days: Count = 7
     """A memory recorded up to this long after a named span still matches ("yesterday")."""
-    time_depth: int = 100
+    time_depth: Count = 100
     """How many of the fused candidates (best first) the time and speaker stages rescore."""
     speaker_match: bool = True
-    speaker_boost: float = 0.25
+    speaker_boost: Weight = 0.25
     """``speaker_match``: a memory said by a speaker the query names scores
     ``1 + speaker_boost`` times more."""
     strip_speakers: bool = True
     """The vector channel embeds the query without the speakers it names."""
-    consistency_timeout_s: float = 10.0
+    consistency_timeout_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 10.0
 
 
 class QdrantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -108,8 +113,8 @@ class QdrantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     path: str | None = None
     api_key: str | None = None
     collection: str = "prme"
-    timeout_s: float = 10.0
-    index_threshold: int = 20_000
+    timeout_s: Seconds = 10.0
+    index_threshold: Count = 20_000
     """Embedded shards: unindexed points of one shard that start a background HNSW build
     (a child process on a copy, swapped in); once indexed, a quarter of it. 0: never."""
     index_quantization: bool = True
@@ -121,11 +126,11 @@ class QdrantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class LimitsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    max_content_bytes: int = 64 * 1024
-    max_metadata_bytes: int = 16 * 1024
-    max_batch_records: int = 1000
-    max_body_bytes: int = 4 * 1024 * 1024
-    max_query_bytes: int = 16 * 1024
+    max_content_bytes: PositiveInt = 64 * 1024
+    max_metadata_bytes: PositiveInt = 16 * 1024
+    max_batch_records: PositiveInt = 1000
+    max_body_bytes: PositiveInt = 4 * 1024 * 1024
+    max_query_bytes: PositiveInt = 16 * 1024
     """A retrieve's query, UTF-8 (the model reads its first 256 tokens anyway; every word
     of a longer one is a lexical clause, and its analysis holds the event loop)."""
 
@@ -153,7 +158,7 @@ class McpSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: Port = 8766
     path: str = "/mcp"
-    receipts: int = 256
+    receipts: PositiveInt = 256
     """Recall receipts kept in memory for ``prme://receipts/{id}`` (oldest dropped first)."""
 
 
@@ -170,16 +175,21 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     project: bool = True
     """False: a serve-only node (``--no-project``) that appends writes and routes every
     read to the partition's owner, reading the map from the group."""
-    standby_replicas: int = 0
+    standby_replicas: Count = 0
     """Warm copies of each partition kept by other members, applied continuously; the
     assignor hands a moved partition to its most caught-up standby. The group keeps the
     most any member asks for; processes sharing a data directory hold none."""
+    state_cleanup_delay_s: Annotated[float, msgspec.Meta(ge=0, le=365 * 86_400)] = 600.0
+    """Kafka: the read models of a partition this node no longer owns nor keeps a standby
+    of are deleted after this long (Kafka Streams' ``state.cleanup.delay.ms``). Kept, they
+    let a partition that comes back resume instead of replaying; deleted, no copy outlives
+    an erasure that its partition's new owner applied by more than this."""
     static_members: list[str] = []
     """The embedded local log only (``prme serve --processes N``): every process's URL;
     process i owns the partitions p with p mod N == i."""
-    forward_timeout_s: float = 30.0
+    forward_timeout_s: Seconds = 30.0
     """Bound on one forwarded request (connect, read, write)."""
-    session_timeout_s: float = 10.0
+    session_timeout_s: Seconds = 10.0
     """Kafka: a member silent this long leaves the group and its partitions move;
     failover takes at least this long. A broker allows 6 to 300 s by default
     (``group.min.session.timeout.ms``; the brokers ``deploy/kafka/`` starts allow 2 s)."""

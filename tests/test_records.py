@@ -128,3 +128,25 @@ def test_unknown_or_invalid_settings_are_refused() -> None:
         Settings.from_env({"PRME_SCORING__FUSION": "magic"})
     with pytest.raises(ConfigurationError):
         Settings.from_env({"PRME_LOG__NO_SUCH_THING": "1"})
+
+
+def test_weights_and_timeouts_are_finite_and_zero_counts_stay_valid() -> None:
+    """An infinite weight made every fused score nan (inf * 0); 0 standbys, a 0 weight
+    and a 0 s consistency wait are meaningful and stay valid."""
+    for name, value in (
+        ("PRME_SCORING__WEIGHTS", '{"vector": 1e999}'),
+        ("PRME_SCORING__WEIGHTS", '{"vector": -0.5}'),
+        ("PRME_CLUSTER__FORWARD_TIMEOUT_S", "0"),
+        ("PRME_QDRANT__TIMEOUT_S", "nan"),
+    ):
+        with pytest.raises(ConfigurationError, match="invalid settings"):
+            Settings.from_env({name: value})
+    valid = Settings.from_env(
+        {
+            "PRME_CLUSTER__STANDBY_REPLICAS": "0",
+            "PRME_SCORING__WEIGHTS": '{"vector": 0}',
+            "PRME_QUERY__CONSISTENCY_TIMEOUT_S": "0",
+            "PRME_QDRANT__TIMEOUT_S": "0.5",
+        }
+    )
+    assert valid.cluster.standby_replicas == 0 and valid.query.consistency_timeout_s == 0
