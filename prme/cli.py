@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 import msgspec
 
 from prme.projectors.registry import MODEL_NAMES
-from prme.schemas.cluster import SECRET_REFUSED
+from prme.schemas.cluster import DUPLICATE_URL, SECRET_REFUSED
 from prme.schemas.config import Settings
 
 LAG_REFRESH_S = 5.0
@@ -89,6 +89,19 @@ def _require_log(settings: Settings) -> None:
         raise ConfigurationError(f"no PRME log in {settings.data_dir}")
 
 
+def _require_shards(settings: Settings) -> None:
+    """``prme rebuild`` on Kafka rebuilds what a stopped node's directory holds."""
+    from prme.projectors.runner import existing_shards
+    from prme.schemas.errors import ConfigurationError
+
+    if not existing_shards(settings.data_path):
+        raise ConfigurationError(
+            f"{settings.data_dir} holds no partition's read models: on Kafka, prme rebuild "
+            "rebuilds the partitions a stopped node's data directory holds (shards/p<N>); "
+            "the others are restored by the nodes the group gives them to"
+        )
+
+
 def _port(text: str) -> int:
     """``--metrics-port``: a port as the settings' ports are checked (``--port`` is one)."""
     from prme.schemas.config import Port
@@ -97,6 +110,17 @@ def _port(text: str) -> int:
         return msgspec.convert(int(text), Port)
     except (ValueError, msgspec.ValidationError) as error:
         raise argparse.ArgumentTypeError(f"a port (0 to 65535), not {text!r}") from error
+
+
+def _positive(text: str) -> int:
+    """``--processes``, ``--workers``: a count of at least 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return count
 
 
 def _ingest_batch_size(text: str) -> int:
@@ -444,10 +468,17 @@ async def _rebuild(args: argparse.Namespace) -> int:
     # A directory holding only an ingested log is a pack whose read models are all missing.
     settings = _settings(args)
     _require_log(settings)  # a mistyped --data-dir is no pack to rebuild
+    on_kafka = settings.log.transport == "kafka"
+    if on_kafka:  # the node is stopped: its partitions, read from the log, outside the group
+        _require_shards(settings)
+        settings = settings.replace(cluster={"project": False})
     async with await MemoryEngine.open(settings=settings, create_if_missing=True) as engine:
+        if on_kafka:
+            await engine.runner.hold_stored()
         cache = engine.runner.vector_cache
         hits, misses = cache.hits, cache.misses
-        total = sum((await engine.runner.transport.end_offsets()).values())
+        ends = await engine.runner.transport.end_offsets()
+        total = sum(ends.get(partition, 0) for partition in engine.runner.shards)
         # tqdm shows the rate (rec/s) next to the count; the bar goes to stderr, which
         # carries one JSON object per line under --log-format json, so no bar then.
         hidden = args.quiet or args.log_format == "json"
@@ -480,11 +511,13 @@ def _status(args: argparse.Namespace) -> int:
             f"prme status: {url} answered {response.status_code}: {response.text}", file=sys.stderr
         )
         return 1
+    status = response.json()
     if args.json:
         print(response.text)
     else:
-        print(render_status(response.json()))
-    return 0
+        print(render_status(status))
+    # A member the group refused is a misconfigured cluster: a health check should say so.
+    return 1 if status.get("refused") or status.get("duplicates") else 0
 
 
 def render_status(status: dict[str, Any]) -> str:
@@ -514,6 +547,8 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"member {who} at {member['host']}: partitions {member['partitions']}")
     for url in status.get("refused") or []:
         lines.append(f"REFUSED {url}: no partitions, {SECRET_REFUSED}")
+    for url in status.get("duplicates") or []:
+        lines.append(f"REFUSED a second node at {url}: no partitions, {DUPLICATE_URL}")
     return "\n".join(lines)
 
 
@@ -587,7 +622,9 @@ def build_parser() -> argparse.ArgumentParser:
     pull.set_defaults(run=_models_pull)
 
     project = commands.add_parser("project", help="run projector workers until interrupted")
-    project.add_argument("--workers", type=int, default=1, help="processes in the consumer group")
+    project.add_argument(
+        "--workers", type=_positive, default=1, help="processes in the consumer group"
+    )
     project.add_argument(
         "--metrics-port",
         type=_port,
@@ -603,7 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild.add_argument("--model", choices=["all", *MODEL_NAMES], default="all")
     rebuild.add_argument(
         "--processes",
-        type=int,
+        type=_positive,
         default=default_processes(),
         help="replay in up to this many worker processes (default: the cores, at most 4; 1, "
         "or a pack under 10,000 records, replays in this process)",
@@ -632,7 +669,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--processes",
-        type=int,
+        type=_positive,
         default=1,
         help="N member processes behind this one port, splitting the partitions (on the "
         "embedded log: process i owns partitions p mod N == i)",
@@ -653,7 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="what a running service projects: partitions, offsets, lag, sizes, group",
         description="Ask a running `prme serve` (GET /v1/status) which partitions it projects, "
         "each one's log end, applied offset, lag and size on disk, its dead letters, its "
-        "embedding identity and, on Kafka, the consumer group's members.",
+        "embedding identity and, on Kafka, the consumer group's members. Exits 1 when no "
+        "service answers or the group refused a node (REFUSED lines).",
     )
     status.add_argument("--json", action="store_true", help="print the JSON document")
     status.add_argument(

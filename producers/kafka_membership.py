@@ -18,7 +18,13 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from prme.schemas.cluster import SECRET_REFUSED, ClusterMap, ClusterMember, MemberClaim
+from prme.schemas.cluster import (
+    DUPLICATE_URL,
+    SECRET_REFUSED,
+    ClusterMap,
+    ClusterMember,
+    MemberClaim,
+)
 
 from .kafka_common import bounded
 
@@ -63,6 +69,28 @@ def refused_members(claims: Mapping[str, MemberClaim]) -> set[str]:
         "gave no partitions to %s: %s", sorted(serving[m].url for m in refused), SECRET_REFUSED
     )
     return refused
+
+
+def duplicate_members(claims: Mapping[str, MemberClaim]) -> set[str]:
+    """Members that advertise a URL another member advertises too, but for one of each URL:
+    the one that owned the most partitions in the last generation (the running node, not
+    the one started with its address), then the first by member id."""
+    by_url: dict[str, list[str]] = {}
+    for member, claim in claims.items():
+        if claim.url:
+            by_url.setdefault(claim.url, []).append(member)
+    duplicates: set[str] = set()
+    for url, members in by_url.items():
+        if len(members) > 1:
+            members.sort(key=lambda m: (-len(claims[m].owned), m))
+            duplicates.update(members[1:])
+            _log.error(
+                "gave no partitions to %d more member(s) at %s: %s",
+                len(members) - 1,
+                url,
+                DUPLICATE_URL,
+            )
+    return duplicates
 
 
 def plan_cluster(
@@ -162,18 +190,21 @@ class ClusterAssignor(AbstractPartitionAssignor):
                 claims[member_id] = MemberClaim(url="")
         partitions = sorted(cluster.partitions_for_topic(self._topic) or ())
         refused = refused_members(claims)
+        duplicates = duplicate_members({m: c for m, c in claims.items() if m not in refused})
         planned = plan_cluster(
-            {m: c for m, c in claims.items() if m not in refused},
+            {m: c for m, c in claims.items() if m not in refused | duplicates},
             partitions,
             self._standby_replicas,
         )
-        planned.update({m: ClusterMember(url=claims[m].url) for m in refused})
+        listed = sorted(planned.values(), key=lambda m: m.url)
+        planned.update({m: ClusterMember(url=claims[m].url) for m in refused | duplicates})
         generation = max((c.generation for c in claims.values()), default=-1) + 1
         cluster_map = ClusterMap(
             generation=generation,
             partitions=len(partitions),
-            members=sorted(planned.values(), key=lambda m: m.url),
+            members=sorted([*listed, *(planned[m] for m in refused)], key=lambda m: m.url),
             refused=sorted(claims[m].url for m in refused),
+            duplicates={claims[m].instance: claims[m].url for m in duplicates},
         )
         encoded = msgspec.json.encode(cluster_map)
         _log.info(

@@ -159,6 +159,18 @@ def check_supersede(node_id: str, by_node_id: str) -> None:
         )
 
 
+MAX_REASON_CHARS = 1024
+"""The longest reason an archive may give (it is kept in the record and the graph)."""
+
+
+def check_reason(reason: object) -> None:
+    """InvalidInput for an archive reason longer than ``MAX_REASON_CHARS``."""
+    if isinstance(reason, str) and len(reason) > MAX_REASON_CHARS:
+        raise InvalidInput(
+            f"reason is {len(reason)} characters, more than {MAX_REASON_CHARS} - at $.reason"
+        )
+
+
 def new_event_id() -> str:
     """A UUIDv7 string: unique and time-ordered."""
     return str(uuid_utils.uuid7())
@@ -263,6 +275,8 @@ class Producer:
             check_owner(owner)
         if kind == "node_superseded":
             check_supersede(fields.get("node_id", ""), fields.get("by_node_id", ""))
+        if kind == "node_archived":
+            check_reason(fields.get("reason"))
         fields.update(kind=kind, owner=owner, event_id=new_event_id(), recorded_at=_now())
         return _convert(fields, record_type)[0]
 

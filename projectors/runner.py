@@ -8,6 +8,7 @@ import contextlib
 import logging
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import methodcaller
@@ -24,7 +25,13 @@ from prme.producers.transport import (
     Position,
     split_dedupe_key,
 )
-from prme.schemas.cluster import SECRET_REFUSED, ClusterMap, MemberClaim, secret_tag
+from prme.schemas.cluster import (
+    DUPLICATE_URL,
+    SECRET_REFUSED,
+    ClusterMap,
+    MemberClaim,
+    secret_tag,
+)
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
     ConfigurationError,
@@ -44,6 +51,7 @@ from .model import ModelName
 from .registry import MODEL_NAMES, read_models
 from .shard import RETIRED_SUFFIX, Shard, replace_model_directory, shard_directory
 from .standby import StandbyKeeper
+from .state_cleanup import DISCARDED_SUFFIX, StateCleaner
 from .vector_changelog import RestoreStats, VectorChangelog
 
 GROUP = "prme-projectors"
@@ -151,6 +159,8 @@ class ProjectorRunner:
         """One entry per vector changelog restore this runner ran (partition, records, s)."""
         self.shards: dict[int, Shard] = {}
         self.url = url
+        self.instance = uuid.uuid4().hex
+        """Tells this process apart from another member that advertises the same URL."""
         self._secret_tag: str | None = None
         """``secret_tag`` of the cluster secret, computed at the first claim (scrypt)."""
         self._own_data_dir = own_data_dir
@@ -181,6 +191,8 @@ class ProjectorRunner:
         self._stopping = False
         self._assigned = asyncio.Event()
         self._owned_last: set[int] = set()
+        self._assigning: set[int] = set()
+        """Partitions an assignment is opening (not in ``shards`` yet)."""
         self._wakers: set[asyncio.Task[None]] = set()
         self._takeovers: dict[int, Takeover] = {}
         """Per partition assigned and not served yet (noted in the log and the takeover
@@ -198,6 +210,8 @@ class ProjectorRunner:
         """Warm copies of partitions other nodes own (``cluster.standby_replicas``)."""
         self.dead_letter_count = 0
         self.dead_letters_by_partition: dict[int, int] = {}
+        self.state_cleaner: StateCleaner | None = None
+        """Kafka, with a data directory of its own: deletes the shards it let go of."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -224,9 +238,77 @@ class ProjectorRunner:
         self._consumer = self.transport.consumer(self._group, membership)
         await self._consumer.start(self._on_assigned, self._on_revoked)
         self._task = asyncio.create_task(self._run(), name="prme-projector")
+        if self._own_data_dir and self.settings.log.transport == "kafka":
+            self.state_cleaner = StateCleaner(
+                self._data_dir,
+                self.settings.cluster.state_cleanup_delay_s,
+                in_use=self._partitions_in_use,
+                on_disk=lambda: existing_shards(self._data_dir),
+                partition_lock=self._partition_lock,
+                removed=self._forget_shard,
+                may_sweep=self._may_clean,
+            )
+            self.state_cleaner.start()
+
+    async def hold_stored(self) -> list[int]:
+        """Open the shards stored in this data directory without joining the group, for a
+        rebuild of a stopped Kafka node's directory (as a member it would take partitions
+        from the live nodes, and rebuild theirs). Returns their partitions."""
+        if self._consumer is not None:
+            raise RuntimeError("this runner is a member of its group already")
+        for partition in existing_shards(self._data_dir):
+            if partition not in self.shards:
+                self.shards[partition] = await self._new_shard(partition, lazily=True)
+        return sorted(self.shards)
+
+    def _partitions_in_use(self) -> set[int]:
+        """Partitions whose shard directory this node uses or is about to (the newest map's
+        assignment and standbys, before the rebalance callbacks open them)."""
+        return (
+            set(self.shards)
+            | set(self._parked)
+            | set(self.standbys.shards)
+            | self.standbys.wanted
+            | self._owned_last
+            | set(self._targets)
+            | set(self._takeovers)
+            | self._assigning
+        )
+
+    def _may_clean(self) -> bool:
+        """A member in good standing: assigned at least once, not refused, not failed."""
+        return (
+            self._failure is None
+            and self._assigned.is_set()
+            and self.cluster_map is not None
+            and self.refusal is None
+        )
+
+    async def _forget_shard(self, partition: int) -> None:
+        """After its directory went: the claim on it, and the vectors the node-wide cache
+        holds for its owners (a later restore reads its changelog from the start)."""
+        self._held.pop(partition, None)
+        mark = None
+        if self.changelog is not None:
+            self.changelog.forget(partition)
+            mark = f"{self.changelog.log.topic}/{partition}/"
+        await asyncio.to_thread(self._drop_cached_vectors, partition, mark)
+
+    def _drop_cached_vectors(self, partition: int, changelog_mark: str | None) -> None:
+        cache = self._vector_cache
+        owners = [
+            owner
+            for owner in cache.owners()
+            if self.transport.partition_for(owner.encode("utf-8", "surrogatepass")) == partition
+        ]
+        cache.drop_owners(owners)
+        if changelog_mark is not None:
+            cache.forget_changelog_marks(changelog_mark)
 
     async def close(self) -> None:
         self._stopping = True
+        if self.state_cleaner is not None:
+            await self.state_cleaner.close()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -263,6 +345,7 @@ class ProjectorRunner:
             standby_replicas=self.settings.cluster.standby_replicas,
             holds_standbys=self._own_data_dir,
             secret_tag=self._claimed_secret_tag(),
+            instance=self.instance,
         )
 
     def _claimed_secret_tag(self) -> str:
@@ -272,18 +355,25 @@ class ProjectorRunner:
 
     @property
     def refused(self) -> bool:
-        """The group gave this node nothing: its cluster secret is not the others'."""
-        return (
-            bool(self.url)
-            and self.cluster_map is not None
-            and (self.url in self.cluster_map.refused)
-        )
+        """The group gave this node nothing: see :attr:`refusal`."""
+        return self.refusal is not None
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the group gave this node nothing: its cluster secret is not the others', or
+        another member advertises its URL. None when it was not refused."""
+        cluster_map = self.cluster_map
+        if not self.url or cluster_map is None:
+            return None
+        if self.instance in cluster_map.duplicates:
+            return DUPLICATE_URL
+        return SECRET_REFUSED if self.url in cluster_map.refused else None
 
     def _on_map(self, cluster_map: ClusterMap) -> None:
         self.cluster_map = cluster_map
-        if self.refused:
-            _log.error("the group gave this node (%s) no partitions: %s", self.url, SECRET_REFUSED)
-        mine = cluster_map.member(self.url) if self.url else None
+        if (refusal := self.refusal) is not None:
+            _log.error("the group gave this node (%s) no partitions: %s", self.url, refusal)
+        mine = cluster_map.member(self.url) if self.url and refusal is None else None
         self._owned_last = set(mine.partitions) if mine is not None else set(self.shards)
         if mine is not None:
             self.standbys.want(set(mine.standbys), set(mine.partitions))
@@ -307,6 +397,13 @@ class ProjectorRunner:
     async def _on_assigned(self, partitions: set[int]) -> None:
         if self._stopping:  # a rebalance can complete while the consumer is closing
             return
+        self._assigning = set(partitions)
+        try:
+            await self._assign(partitions)
+        finally:
+            self._assigning = set()
+
+    async def _assign(self, partitions: set[int]) -> None:
         began = time.monotonic()
         _log.info("assigned partitions %s", sorted(partitions))
         await self._close_parked(keep=partitions)
@@ -1033,13 +1130,14 @@ def staging_directory(shard_dir: Path) -> Path:
 
 def remove_stale_staging(data_dir: Path) -> list[Path]:
     """Clear what a rebuild killed mid-way leaves, before any shard opens (a pack is opened
-    by one process, so nothing else uses them): ``shards/p<N>.rebuild/`` folders are
-    removed, and a ``shards/p<N>/<model>.retired`` one (a swap killed between its two
-    renames) goes back in place if its model is missing, else is removed. Returns them."""
+    by one process, so nothing else uses them): ``shards/p<N>.rebuild/`` folders (and the
+    ``shards/p<N>.discarded/`` a cleanup left) are removed, and a
+    ``shards/p<N>/<model>.retired`` one (a swap killed between its two renames) goes back
+    in place if its model is missing, else is removed. Returns them."""
     shards = data_dir / "shards"
     if not shards.is_dir():
         return []
-    staged = list(shards.glob("p*" + STAGING_SUFFIX))
+    staged = [*shards.glob("p*" + STAGING_SUFFIX), *shards.glob("p*" + DISCARDED_SUFFIX)]
     retired = list(shards.glob("p*/*" + RETIRED_SUFFIX))
     for path in [*staged, *retired]:
         live = path.with_name(path.name.removesuffix(RETIRED_SUFFIX))
@@ -1047,7 +1145,7 @@ def remove_stale_staging(data_dir: Path) -> list[Path]:
             _log.warning("restoring %s, moved aside by an interrupted rebuild", live)
             path.rename(live)
             continue
-        _log.info("removing %s, left by an interrupted rebuild", path)
+        _log.info("removing %s, left by an interrupted rebuild or cleanup", path)
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:

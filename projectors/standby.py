@@ -63,6 +63,11 @@ class StandbyKeeper:
         if self._task is None and partitions:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="prme-standbys")
 
+    @property
+    def wanted(self) -> set[int]:
+        """The partitions the map asks this node to keep copies of (open or not yet)."""
+        return set(self._wanted)
+
     def take(self, partition: int) -> Shard | None:
         """Hand a standby shard over (its partition became this node's); None if not
         kept here. The caller holds the partition's lock."""

@@ -96,6 +96,8 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """On Kafka, every member of the consumer group and the partitions it holds."""
     refused: list[str] = []
     """Nodes the group gave nothing because their cluster secret is not the others'."""
+    duplicates: list[str] = []
+    """URLs of nodes the group gave nothing because another member advertises them too."""
 
 
 async def node_status(runner: ProjectorRunner) -> NodeStatus:
@@ -120,6 +122,9 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
         ),
         group_members=members,
         refused=[] if runner.cluster_map is None else list(runner.cluster_map.refused),
+        duplicates=[]
+        if runner.cluster_map is None
+        else sorted(runner.cluster_map.duplicates.values()),
     )
 
 

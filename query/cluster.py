@@ -188,6 +188,8 @@ class ClusterRouter:
             owner = None if cluster_map is None else cluster_map.owner(partition)
             if owner and owner != self.url:
                 return owner
+            if owner == self.url and (refusal := self.runner.refusal) is not None:
+                raise NotOwner(f"this node serves no partition: {refusal}")  # another's URL
             if owner == "":  # a settled map: waiting for a change would only wait it out
                 raise ServedByWorker(
                     f"partition {partition} is projected by a `prme project` worker, which "

@@ -352,8 +352,14 @@ class MemoryEngine(MemoryBackend):
         self, node_id: str, by_node_id: str, user_id: str, *, wait: bool = True
     ) -> StoreResult:
         await self._check_node(node_id, user_id)
-        await self._check_node(by_node_id, user_id)
         check_supersede(node_id, by_node_id)
+        if (state := await self._check_node(by_node_id, user_id)) != "active":
+            # Its content would leave retrieval with nothing in its place (and a cycle,
+            # A by B then B by A, would take both out).
+            raise InvalidInput(
+                f"node {by_node_id} is {state}: a node can be superseded only by an active "
+                "one (restore it first) - at $.by_node_id"
+            )
         receipt = await self._producer.append_control(
             "node_superseded", user_id, node_id=node_id, by_node_id=by_node_id
         )
@@ -523,9 +529,9 @@ class MemoryEngine(MemoryBackend):
                 )
         return replayed
 
-    async def _check_node(self, node_id: str, user_id: str) -> None:
+    async def _check_node(self, node_id: str, user_id: str) -> str:
         """Refuse a node that is not one of ``user_id``'s (NotFound, also for another
-        owner's: see :meth:`get_event`)."""
+        owner's: see :meth:`get_event`); its state otherwise."""
         if not node_id.startswith("mem:"):
             raise NotFound(f"no memory node {node_id!r}")
         try:
@@ -536,6 +542,7 @@ class MemoryEngine(MemoryBackend):
         state = await shard.call("graph", lambda graph: graph.node_state(user_id, node_id))
         if state is None:
             raise NotFound(f"no node {node_id} for owner {user_id}")
+        return state
 
 
 def metrics_from(settings: Settings) -> Metrics:

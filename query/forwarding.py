@@ -127,7 +127,7 @@ class ForwardingMiddleware:
             if where == "request_id":  # no owner to check it: appended here, best effort
                 await self.app(scope, replay, stamped)
                 return
-            await _refuse(send, error, not_owner=False)
+            await _refuse(stamped, error, not_owner=False)
             return
         if response is None:
             await self.app(scope, replay, stamped)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from prme.producers.producer import MessageDraft, check_content, check_history
+from prme.producers.producer import MAX_REASON_CHARS, MessageDraft, check_content, check_history
 from prme.producers.transport import Position
 from prme.schemas.cluster import ClusterMember
 from prme.schemas.errors import InvalidInput
@@ -185,7 +185,7 @@ class RetrieveRequest(Body, frozen=True, kw_only=True):
 
 class ArchiveRequest(Body, frozen=True, kw_only=True):
     user_id: UserIdField
-    reason: str | None = None
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)] | None = None
     wait: bool = True
 
 
@@ -256,6 +256,8 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     ``prme project`` worker has an empty URL: it projects, it serves nothing)."""
     refused: list[str] = []
     """Nodes the group gave nothing because their cluster secret is not the others'."""
+    duplicates: list[str] = []
+    """URLs of nodes the group gave nothing because another member advertises them too."""
     owned: list[int]
     """Partitions this node owns now."""
     serving: list[int]

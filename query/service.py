@@ -24,11 +24,10 @@ from litestar.handlers import BaseRouteHandler
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, Reference, Schema, SecurityScheme
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.typing import FieldDefinition
 
 from prme.projectors.status import partition_statuses
-from prme.schemas.cluster import SECRET_REFUSED
 from prme.schemas.codec import explain_json_error
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
@@ -70,6 +69,7 @@ from .http_types import (
 )
 from .observe import CALLER_STATE, RequestObserver, metrics_endpoint, status_endpoint
 from .openapi import PROTECTED_ERRORS, StrictBodySchemaPlugin, error_responses
+from .query_string import SingleQueryValues
 from .types import EventView, StoreResult
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -141,6 +141,19 @@ UserId = Annotated[
     ),
 ]
 Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]
+SessionId = Annotated[
+    str,
+    QueryParameter(description="the chat session (1-256 characters)", min_length=1, max_length=256),
+]
+Scope = Annotated[
+    str,
+    QueryParameter(
+        name="scope",
+        description="the memory scope (1-256 characters)",
+        min_length=1,
+        max_length=256,
+    ),
+]
 
 
 def protected_post(path: str, body: type[msgspec.Struct], summary: str, **options: Any) -> Any:
@@ -179,8 +192,8 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
         cluster_map = None if engine.router is None else engine.router.cluster_map
         ok = cluster_map is not None
         detail = "routing (serve-only)" if ok else "no cluster map from the group yet"
-    elif runner.refused:
-        ok, detail = False, REFUSED_NODE
+    elif (refusal := runner.refusal) is not None:
+        ok, detail = False, f"the group gave this node no partitions: {refusal}"
     elif not shards:
         ok, detail = False, "no partitions assigned to this process yet"
     elif behind := runner.records_behind():
@@ -196,9 +209,6 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
         detail += f"; standby replicas failing (the owners serve): {standby_failure!r}"
     body = Readiness(ready=ok, detail=detail, partitions=sorted(shards), lag=lag)
     return Response(body, status_code=200 if ok else 503)
-
-
-REFUSED_NODE = f"the group gave this node no partitions: {SECRET_REFUSED}"
 
 
 # -- writes ---------------------------------------------------------------------------
@@ -362,10 +372,8 @@ async def history(
     user_id: UserId,
     engine: EngineDep,
     caller: CallerDep,
-    session_id: FromQuery[str] = "default",
-    scope_: Annotated[
-        str, QueryParameter(name="scope", description="the memory scope")
-    ] = "default",
+    session_id: SessionId = "default",
+    scope_: Scope = "default",
     limit: Annotated[
         int | None, QueryParameter(description="the newest N messages (at least 1)", ge=1)
     ] = None,
@@ -418,6 +426,7 @@ async def cluster(engine: EngineDep) -> ClusterView:
         generation=None if cluster_map is None else cluster_map.generation,
         members=[] if cluster_map is None else list(cluster_map.members),
         refused=[] if cluster_map is None else list(cluster_map.refused),
+        duplicates=[] if cluster_map is None else sorted(cluster_map.duplicates.values()),
         owned=sorted(here.shards),
         serving=sorted(p for p in here.shards if here.serving(p)),
         standbys=here.standbys.positions(),
@@ -564,7 +573,10 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
         security=security,
     )
     open_routes = Router("/v1", route_handlers=[health, ready, cluster, cluster_wait])
-    middleware = [DefineMiddleware(RequestObserver, metrics=engine.metrics)]
+    middleware = [
+        DefineMiddleware(RequestObserver, metrics=engine.metrics),
+        DefineMiddleware(SingleQueryValues),
+    ]
     if engine.router is not None:
         middleware.append(
             DefineMiddleware(ForwardingMiddleware, router=engine.router, api_keys=api_keys)

@@ -32,6 +32,10 @@ class ClusterMap(msgspec.Struct, frozen=True, kw_only=True):
     """URLs of members given nothing: their cluster secret is not the group's (see
     ``MemberClaim.secret_tag``), so the other nodes would refuse their forwarded requests
     and they the others'."""
+    duplicates: dict[str, str] = {}
+    """``MemberClaim.instance`` -> URL of members given nothing because another member
+    advertises the same URL (the one that keeps it is listed in ``members``): requests
+    routed to that URL would reach only one of them."""
 
     def owner(self, partition: int) -> str | None:
         """The URL of the node that owns ``partition`` (None while nobody does)."""
@@ -71,6 +75,8 @@ class MemberClaim(msgspec.Struct, frozen=True, kw_only=True):
     secret_tag: str = ""
     """:func:`secret_tag` of its cluster secret: members with a URL whose tag is not the
     group's are given no partitions."""
+    instance: str = ""
+    """A random id of the process, which tells members that advertise the same URL apart."""
 
 
 SECRET_REFUSED = (
@@ -78,6 +84,13 @@ SECRET_REFUSED = (
     "same on every node)"
 )
 """Why the group gave a node no partitions (logs, ``/v1/ready``, ``prme status``)."""
+
+DUPLICATE_URL = (
+    "another member of the group advertises the same URL, so requests routed there would "
+    "reach only one of them: give each node its own --advertised-url "
+    "(PRME_CLUSTER__ADVERTISED_URL), one the other nodes reach it at"
+)
+"""Why the group gave a node no partitions when another member advertises its URL."""
 
 
 def secret_tag(secret: str | None) -> str:

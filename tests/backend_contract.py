@@ -144,6 +144,22 @@ class MemoryBackendContract:
         current = await found_ids(backend, "Miso cat")
         assert node not in current and newer.node_ids[0] in current
 
+    async def test_a_supersede_cycle_and_an_overlong_reason_are_refused(
+        self, backend: MemoryBackend
+    ) -> None:
+        """Found by a new-user trial: A superseded by B, then B by A, took both out of
+        retrieval; an archive reason had no size bound."""
+        first = (await backend.store("the boat is blue", "alice")).node_ids[0]
+        second = (await backend.store("the boat is green now", "alice")).node_ids[0]
+        await backend.supersede(first, second, "alice")
+        with pytest.raises(InvalidInput, match="superseded"):
+            await backend.supersede(second, first, "alice")
+        with pytest.raises(InvalidInput, match="reason"):
+            await backend.archive(second, "alice", reason="x" * 1025)
+        assert await found_ids(backend, "boat") == {second}  # nothing was written
+        await backend.archive(second, "alice", reason="x" * 1024)
+        assert await found_ids(backend, "boat") == set()
+
     async def test_lifecycle_of_an_unknown_or_foreign_node_is_refused(
         self, backend: MemoryBackend
     ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -481,3 +482,100 @@ def test_careless_ports_and_a_mistyped_pack_are_refused_before_anything_is_writt
     assert rebuilt.returncode == 2, rebuilt.stderr
     assert f"no PRME log in {tmp_path / 'never'}" in rebuilt.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_careless_counts_and_settings_are_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """Found by a new-user trial: ``--processes 0`` served with no process projecting, and
+    negative candidates, standbys or timeouts from the environment started a service."""
+    for command in (
+        ["serve", "--processes", "0"],
+        ["serve", "--processes", "-2"],
+        ["rebuild", "--processes", "0"],
+        ["project", "--workers", "0"],
+        ["serve", "--standby-replicas", "-1"],
+    ):
+        refused = prme(*command, "--data-dir", str(tmp_path / "never"))
+        assert refused.returncode == 2, (command, refused.stderr)
+        assert "Traceback" not in refused.stderr
+    for name, value in (
+        ("PRME_SCORING__CANDIDATES", "0"),
+        ("PRME_SCORING__WEIGHTS", '{"vector": -1}'),
+        ("PRME_CLUSTER__SESSION_TIMEOUT_S", "inf"),
+        ("PRME_QUERY__CONSISTENCY_TIMEOUT_S", "-1"),
+        ("PRME_LIMITS__MAX_BATCH_RECORDS", "0"),
+        ("PRME_LEXICAL__WINDOW_BEFORE", "-1"),
+    ):
+        refused = prme("serve", "--data-dir", str(tmp_path / "never"), env={name: value})
+        assert refused.returncode == 2, (name, refused.stderr)
+        assert "invalid settings" in refused.stderr, refused.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_taken_port_is_refused_before_the_pack_is_opened(tmp_path: Path) -> None:
+    """Found by a cluster trial: a node whose port was taken opened its pack and joined its
+    group (taking partitions from the others) before uvicorn failed to bind."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for processes in ("1", "2"):
+            refused = prme(
+                "serve",
+                "--port",
+                str(port),
+                "--processes",
+                processes,
+                "--data-dir",
+                str(tmp_path / "node"),
+            )
+            assert refused.returncode == 2, refused.stderr
+            assert f"cannot listen on 127.0.0.1:{port}" in refused.stderr
+            assert not (tmp_path / "node").exists()
+
+
+@pytest.mark.kafka
+async def test_rebuild_of_a_stopped_kafka_node_leaves_the_live_group_alone(
+    tmp_path: Path, kafka_settings: object
+) -> None:
+    """Found by a cluster trial: ``prme rebuild`` of a stopped node's directory joined the
+    live group, took partitions from the running nodes and rebuilt whatever it was given."""
+    from prme import MemoryEngine
+    from prme.schemas.config import Settings
+
+    assert isinstance(kafka_settings, Settings)
+    stopped = kafka_settings.replace(data_dir=str(tmp_path / "stopped"))
+    async with await MemoryEngine.create(settings=stopped) as engine:
+        for i in range(6):
+            await engine.store(f"note {i} about the garden", f"owner{i}")
+    live = await MemoryEngine.create(
+        settings=kafka_settings.replace(data_dir=str(tmp_path / "live"))
+    )
+    try:
+        assert live.runner.cluster_map is not None
+        generation = live.runner.cluster_map.generation
+        log = kafka_settings.log
+        env = {"PRME_LOG__TOPIC": log.topic, "PRME_LOG__DLQ_TOPIC": log.dlq_topic}
+        kafka = ["--transport", "kafka", "--bootstrap", log.bootstrap]
+        rebuilt = await asyncio.to_thread(
+            prme, "rebuild", "--quiet", "--data-dir", stopped.data_dir, *kafka, env=env
+        )
+        assert rebuilt.returncode == 0, rebuilt.stderr
+        report = json.loads(rebuilt.stdout.strip().splitlines()[-1])
+        assert set(report["replayed"]) <= {"0", "1", "2", "3"}
+        assert sum(report["replayed"].values()) == 6
+        assert report["vectors"]["encoded"] == 0
+        assert live.runner.cluster_map.generation == generation
+        assert set(live.runner.shards) == {0, 1, 2, 3}
+        nothing = str(tmp_path / "nothing")
+        refused = await asyncio.to_thread(
+            prme, "rebuild", "--quiet", "--data-dir", nothing, *kafka, env=env
+        )
+        assert refused.returncode == 2
+        assert "holds no partition's read models" in refused.stderr
+        assert not Path(nothing).exists()
+    finally:
+        await live.close()

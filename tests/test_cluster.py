@@ -480,8 +480,53 @@ def test_a_node_with_another_secret_gets_no_partitions_from_the_running_cluster(
                 timeout=60,
             )
             assert f"REFUSED {lacking.url}" in status.stdout, status.stdout + status.stderr
+            assert status.returncode == 1  # a health check sees the misconfigured cluster
             assert "its cluster secret is not the one of the other nodes" in lacking.log()
             assert "gave no partitions to" in good.log() + lacking.log()
+
+
+def test_a_second_node_advertising_a_taken_url_gets_no_partitions(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Found by a cluster trial: a node started with another node's advertised URL (two
+    machines both advertising http://127.0.0.1:8765) took half the partitions, which
+    nobody could then reach: requests routed to that URL found the other node."""
+    topic = f"dupurl-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")
+    first = Node(tmp_path, "first", env)
+    second = Node(tmp_path, "second", env, args=["--advertised-url", first.url])
+    with running([first]):
+        wait_ready([first])
+        wait_split([first], PARTITIONS)
+        with running([second]):
+            deadline = time.monotonic() + 120
+            view: dict = {}
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    view = first.get("/v1/cluster").json()
+                    if view["duplicates"] == [first.url]:
+                        break
+                assert second.process is not None and second.process.poll() is None
+                assert time.monotonic() < deadline, f"never refused: {view}\n{second.log()}"
+                time.sleep(0.2)  # poll interval while the group rebalances
+            assert [m["url"] for m in view["members"]] == [first.url]
+            assert view["owned"] == list(range(PARTITIONS))
+            mine = httpx.get(f"http://127.0.0.1:{second.port}/v1/cluster", timeout=30).json()
+            assert mine["owned"] == [] and mine["generation"] == view["generation"]
+            ready = httpx.get(f"http://127.0.0.1:{second.port}/v1/ready", timeout=30)
+            assert ready.status_code == 503 and "advertises the same URL" in ready.json()["detail"]
+            assert first.get("/v1/ready").status_code == 200
+            asked = time.monotonic()  # not the whole consistency wait for a "rebalance"
+            direct = second.get("/v1/history", params={"user_id": "dup-0"})
+            assert direct.status_code == 503 and time.monotonic() - asked < 5
+            assert "serves no partition" in direct.json()["detail"]
+            assert "advertises the same URL" in direct.json()["detail"]
+            for i in range(6):  # every owner is served by the node that kept the URL
+                owner = f"dup-{i}"
+                assert first.post("/v1/memories", {"user_id": owner, "content": "kites"}).is_success
+                history = first.get("/v1/history", params={"user_id": owner})
+                assert [m["content"] for m in history.json()] == ["kites"], history.text
+            assert "advertises the same URL" in second.log()
 
 
 def test_partitions_a_project_worker_holds_answer_503_at_once(
@@ -527,6 +572,7 @@ def test_partitions_a_project_worker_holds_answer_503_at_once(
             written = node.post("/v1/memories", {"user_id": owner, "content": "held elsewhere"})
             assert time.monotonic() - started < 10  # not the 30 s consistency timeout
             assert read.status_code == 503 and "prme project" in read.json()["detail"], read.text
+            assert read.headers["x-prme-served-by"] == node.url  # it was missing on this 503
             assert written.status_code == 503, written.text
             assert written.json()["written"][0]["token"]
             assert "prme project" in written.json()["detail"]

@@ -7,7 +7,12 @@ import msgspec
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
-from prme.producers.kafka_membership import ClusterAssignor, plan_cluster, refused_members
+from prme.producers.kafka_membership import (
+    ClusterAssignor,
+    duplicate_members,
+    plan_cluster,
+    refused_members,
+)
 from prme.schemas.cluster import ClusterMap, MemberClaim, secret_tag
 
 
@@ -144,3 +149,34 @@ def test_the_assignor_gives_a_refused_member_nothing_and_names_it_in_the_map() -
     assert sorted(p for m in handed.members for p in m.partitions) == list(range(8))
     assert all(handed.owner(p) in ("http://a", "http://b") for p in range(8))
     assert secret_tag(None) == "" and len(good) == 32 and "s3cret" not in good
+
+
+def test_of_members_advertising_one_url_the_one_that_owned_partitions_keeps_it() -> None:
+    claims = {
+        "m1": MemberClaim(url="http://a", instance="new"),
+        "m2": MemberClaim(url="http://a", owned=[0, 1], instance="running"),
+        "m3": MemberClaim(url="http://b", owned=[2, 3], instance="b"),
+        "w1": MemberClaim(url=""),  # workers share the empty URL and are never duplicates
+        "w2": MemberClaim(url=""),
+    }
+    assert duplicate_members(claims) == {"m1"}
+    fresh = {m: MemberClaim(url="http://a", instance=m) for m in ("z", "y", "x")}
+    assert duplicate_members(fresh) == {"y", "z"}  # none owned anything: first member id
+    maps: list[ClusterMap] = []
+    assignor = ClusterAssignor("t", lambda: claims["m2"], maps.append)
+    cluster = ClusterMetadata()
+    cluster.partitions_for_topic = lambda topic: set(range(4))  # type: ignore[method-assign]
+    members = {
+        m: ConsumerProtocolMemberMetadata(0, ["t"], msgspec.json.encode(c))
+        for m, c in claims.items()
+        if c.url
+    }
+    assignment = assignor.assign(cluster, members)
+    assert assignment["m1"].assignment == [("t", [])]
+    assignor.on_assignment(assignment["m1"])
+    [handed] = maps
+    assert handed.duplicates == {"new": "http://a"}
+    assert [m.url for m in handed.members].count("http://a") == 1
+    kept = handed.member("http://a")
+    assert kept is not None and kept.partitions == [0, 1]
+    assert sorted(p for m in handed.members for p in m.partitions) == [0, 1, 2, 3]

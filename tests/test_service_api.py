@@ -292,11 +292,29 @@ async def test_bad_query_parameters_are_400_naming_the_parameter(
         ({"user_id": "alice", "limit": "0"}, "limit"),
         ({"user_id": "alice", "after": "yesterday"}, "after"),
         ({}, "user_id"),
+        ({"user_id": "alice", "session_id": ""}, "session_id"),
+        ({"user_id": "alice", "session_id": "s" * 257}, "session_id"),
+        ({"user_id": "alice", "scope": "x" * 257}, "scope"),
     ]
     for params, named in cases:
         response = await http.get("/v1/history", params=params, headers=ALICE)
         assert response.status_code == 400, (params, response.text)
         assert named in response.json()["detail"]
+
+
+async def test_a_query_parameter_given_twice_is_400_before_any_reader_sees_it(
+    http: httpx.AsyncClient,
+) -> None:
+    response = await http.get(
+        "/v1/history", params=[("user_id", "alice"), ("user_id", "bob")], headers=ALICE
+    )
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": "invalid_input",
+        "detail": "query parameter 'user_id' given more than once",
+    }
+    alone = await http.get("/v1/history", params={"user_id": "alice"}, headers=ALICE)
+    assert alone.status_code == 200
 
 
 async def test_retrieve_types_are_strict(http: httpx.AsyncClient) -> None:

@@ -250,6 +250,20 @@ class VectorCache(LockedDatabase):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return dropped
 
+    def owners(self) -> list[str]:
+        """The owners noted as holding a cached vector's text."""
+        with self._lock:
+            rows = self._db.execute("SELECT DISTINCT owner FROM vector_owners").fetchall()
+        return [str(row[0]) for row in rows]
+
+    def forget_changelog_marks(self, prefix: str) -> None:
+        """Forget how far the changelogs named ``prefix...`` were loaded (read again in
+        full next time)."""
+        with self._lock, transaction(self._db) as cursor:
+            cursor.execute(
+                "DELETE FROM changelog_offsets WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
+            )
+
     def changelog_offset(self, name: str) -> int:
         """Where loading changelog ``name`` stopped last time (0 when never loaded)."""
         with self._lock:

@@ -1,0 +1,126 @@
+"""Delete the shard directories of partitions a node let go of (Kafka Streams'
+``state.cleanup.delay.ms``).
+
+A node keeps the read models of a partition it lost for a while: the group may give the
+partition back (a rolling restart, a rebalance that undoes itself), and a kept shard
+resumes from its offset instead of replaying the log. Kept for good, such a copy would
+also keep what the partition's new owner later erases (an owner's erasure reaches only the
+copies that apply the log). So a directory that no shard, parked shard or standby of this
+node has used for ``cluster.state_cleanup_delay_s`` is deleted, with what the node-wide
+vector cache holds for the partition's owners; if the partition comes back later, it is
+restored like a partition this node never held. The clock runs only while the node is a
+member in good standing: before its first assignment, while the group refuses it, and once
+its projector has failed (a shard built from another log is kept for the operator), no
+directory counts as unused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from .shard import shard_directory
+
+DISCARDED_SUFFIX = ".discarded"
+"""``shards/p<N>.discarded/``: a directory being deleted (renamed first, so a process
+killed mid-way never leaves a half-deleted shard to be opened)."""
+_log = logging.getLogger("prme.projector")
+
+
+class StateCleaner:
+    """Sweeps ``data_dir/shards`` every ``interval_s`` (a fraction of ``delay_s``)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        delay_s: float,
+        *,
+        in_use: Callable[[], set[int]],
+        on_disk: Callable[[], list[int]],
+        partition_lock: Callable[[int], contextlib.AbstractAsyncContextManager[None]],
+        removed: Callable[[int], Awaitable[None]],
+        may_sweep: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._data_dir = data_dir
+        self._delay_s = delay_s
+        self._in_use = in_use
+        self._on_disk = on_disk
+        self._partition_lock = partition_lock
+        self._removed = removed
+        self._may_sweep = may_sweep
+        self._unused_since: dict[int, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def interval_s(self) -> float:
+        return min(30.0, max(0.5, self._delay_s / 4))
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="prme-state-cleanup"
+            )
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a disk error: the copies stay until the next sweep
+                _log.exception("removing shards this node let go of failed")
+            await asyncio.sleep(self.interval_s)
+
+    async def sweep(self, now: float | None = None) -> list[int]:
+        """Delete the directories unused for ``delay_s``; returns their partitions."""
+        now = time.monotonic() if now is None else now
+        if not self._may_sweep():
+            self._unused_since.clear()
+            return []
+        unused = set(self._on_disk()) - self._in_use()
+        for partition in set(self._unused_since) - unused:
+            del self._unused_since[partition]
+        removed = []
+        for partition in sorted(unused):
+            since = self._unused_since.setdefault(partition, now)
+            if now - since < self._delay_s:
+                continue
+            async with self._claimed(partition) as free:
+                if not free:
+                    continue
+                discarded = self._discard(partition)
+                await self._removed(partition)
+            self._unused_since.pop(partition, None)
+            removed.append(partition)
+            _log.info(
+                "partition %d: removed its read models, unused here for %.0fs",
+                partition,
+                now - since,
+            )
+            await asyncio.to_thread(shutil.rmtree, discarded, True)
+        return removed
+
+    @contextlib.asynccontextmanager
+    async def _claimed(self, partition: int) -> AsyncIterator[bool]:
+        """The partition's lock, and whether it is still unused once held."""
+        async with self._partition_lock(partition):
+            yield self._may_sweep() and partition not in self._in_use()
+
+    def _discard(self, partition: int) -> Path:
+        directory = shard_directory(self._data_dir, partition)
+        discarded = directory.with_name(directory.name + DISCARDED_SUFFIX)
+        shutil.rmtree(discarded, ignore_errors=True)
+        directory.rename(discarded)
+        return discarded
