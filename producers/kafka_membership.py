@@ -73,8 +73,9 @@ def refused_members(claims: Mapping[str, MemberClaim]) -> set[str]:
 
 def duplicate_members(claims: Mapping[str, MemberClaim]) -> set[str]:
     """Members that advertise a URL another member advertises too, but for one of each URL:
-    the one that owned the most partitions in the last generation (the running node, not
-    the one started with its address), then the first by member id."""
+    one the URL was seen to reach, then the one that owned the most partitions in the last
+    generation (the running node, not the one started with its address), then the first
+    by member id."""
     by_url: dict[str, list[str]] = {}
     for member, claim in claims.items():
         if claim.url:
@@ -82,7 +83,7 @@ def duplicate_members(claims: Mapping[str, MemberClaim]) -> set[str]:
     duplicates: set[str] = set()
     for url, members in by_url.items():
         if len(members) > 1:
-            members.sort(key=lambda m: (-len(claims[m].owned), m))
+            members.sort(key=lambda m: (not claims[m].reaches_url, -len(claims[m].owned), m))
             duplicates.update(members[1:])
             _log.error(
                 "gave no partitions to %d more member(s) at %s: %s",

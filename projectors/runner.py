@@ -123,18 +123,21 @@ class ProjectorRunner:
         vectors: VectorBackend | None = None,
         metrics: Metrics | None = None,
         url: str = "",
+        url_reached: bool = False,
         own_data_dir: bool = True,
         keys: KeyStore | None = None,
     ) -> None:
         """Without ``vectors`` the runner opens (and closes) the backend ``settings`` name;
         without ``keys``, the key store ``settings`` name (it opens sealed records).
         ``url``: where this node is reached, carried to the group with its claim (empty:
-        a worker that projects but serves nothing). ``own_data_dir=False``: sibling
+        a worker that projects but serves nothing); ``url_reached``: a request to it was
+        seen to reach this process. ``own_data_dir=False``: sibling
         processes share the data directory, so a revoked shard is closed at once (a sibling
         opens it next) and this process holds no standbys (one would sit in the directory
         its owner writes)."""
         self.settings = settings
         self.transport = transport
+        self._url_reached = url_reached
         self.provider = provider
         self.identity: EmbeddingIdentity = identity_of(provider)
         self._dead_letters = dead_letters
@@ -206,6 +209,7 @@ class ProjectorRunner:
             self._apply_standby,
             self._partition_lock,
             may_open=lambda: self.records_behind() == 0,
+            closed=self._released,
         )
         """Warm copies of partitions other nodes own (``cluster.standby_replicas``)."""
         self.dead_letter_count = 0
@@ -274,6 +278,12 @@ class ProjectorRunner:
             | set(self._takeovers)
             | self._assigning
         )
+
+    def _released(self, partition: int) -> None:
+        """The node stopped using ``partition``'s directory: its cleanup delay starts now
+        (a use between two sweeps would otherwise go unseen)."""
+        if self.state_cleaner is not None:
+            self.state_cleaner.released(partition)
 
     def _may_clean(self) -> bool:
         """A member in good standing: assigned at least once, not refused, not failed."""
@@ -346,6 +356,7 @@ class ProjectorRunner:
             holds_standbys=self._own_data_dir,
             secret_tag=self._claimed_secret_tag(),
             instance=self.instance,
+            reaches_url=self._url_reached,
         )
 
     def _claimed_secret_tag(self) -> str:
@@ -554,6 +565,7 @@ class ProjectorRunner:
                     self.changelog.forget(partition)
                 if shard is not None:
                     await shard.close()
+                    self._released(partition)
 
     async def _close_shard(self, partition: int) -> None:
         self._targets.pop(partition, None)
@@ -566,6 +578,7 @@ class ProjectorRunner:
         shard = self.shards.pop(partition, None)
         if shard is not None:
             await shard.close()
+            self._released(partition)
 
     # -- applying ----------------------------------------------------------------------
 

@@ -39,10 +39,13 @@ class StandbyKeeper:
         apply: Callable[[int, Shard, list[object]], Awaitable[bool]],
         lock: Callable[[int], asyncio.Lock],
         may_open: Callable[[], bool] = lambda: True,
+        closed: Callable[[int], None] = lambda partition: None,
     ) -> None:
         """``may_open``: whether new standbys may open now (a node catching up on the
-        partitions it owns opens none: a new standby replays its whole partition)."""
+        partitions it owns opens none: a new standby replays its whole partition);
+        ``closed``: told of each standby closed because the map no longer asks for it."""
         self._transport = transport
+        self._closed = closed
         self._may_open = may_open
         self._open_shard = open_shard
         self._apply = apply
@@ -115,6 +118,7 @@ class StandbyKeeper:
                 shard = self.shards.pop(partition, None)
                 if shard is not None:
                     await shard.close()
+                    self._closed(partition)
                     _log.info("standby of partition %d closed", partition)
         if not self._may_open():
             return

@@ -83,6 +83,10 @@ class StateCleaner:
                 _log.exception("removing shards this node let go of failed")
             await asyncio.sleep(self.interval_s)
 
+    def released(self, partition: int, now: float | None = None) -> None:
+        """``partition``'s directory stopped being used now: its delay counts from here."""
+        self._unused_since[partition] = time.monotonic() if now is None else now
+
     async def sweep(self, now: float | None = None) -> list[int]:
         """Delete the directories unused for ``delay_s``; returns their partitions."""
         now = time.monotonic() if now is None else now

@@ -330,9 +330,10 @@ class ClusterRouter:
             except (HopRefused, ServedByWorker):
                 raise
             except NotOwner as error:
+                waited = timeout_s - max(0.0, deadline - loop.time())
                 raise ConsistencyTimeout(
-                    f"partition {partition} has not applied offset {offset} within "
-                    f"{timeout_s:.1f}s: {error}"
+                    f"partition {partition} has not applied offset {offset} after "
+                    f"{waited:.1f}s (of {timeout_s:.1f}s): {error}"
                 ) from error
             if response is None:
                 continue  # became ours meanwhile

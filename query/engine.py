@@ -123,14 +123,17 @@ class MemoryEngine(MemoryBackend):
         metrics: Metrics | None = None,
         url: str | None = None,
         catch_up: bool = True,
+        url_reached: bool = False,
     ) -> Self:
         """Open the pack in ``directory`` (created when missing and ``create_if_missing``).
-        ``url``: where this node is served; ``catch_up=False`` returns before the assigned
-        partitions have caught up (each is served once it has: ``runner.serving``)."""
+        ``url``: where this node is served (``url_reached``: seen to reach this process,
+        which the group prefers when two members advertise one URL); ``catch_up=False``
+        returns before the assigned partitions have caught up (each is served once it has:
+        ``runner.serving``)."""
         settings = _settings_for(directory, settings)
         if load_pack_config(settings.data_path) is None and not create_if_missing:
             raise ConfigurationError(f"no PRME pack in {settings.data_dir}: use create()")
-        return await cls._start(settings, embedding_provider, metrics, url, catch_up)
+        return await cls._start(settings, embedding_provider, metrics, url, catch_up, url_reached)
 
     @classmethod
     async def _start(
@@ -140,12 +143,15 @@ class MemoryEngine(MemoryBackend):
         metrics: Metrics | None,
         url: str | None = None,
         catch_up: bool = True,
+        url_reached: bool = False,
     ) -> Self:
         data_dir = settings.data_path
         data_dir.mkdir(parents=True, exist_ok=True)
         lock = DataDirLock.acquire(data_dir)
         try:
-            return await cls._start_locked(settings, provider, metrics, url, catch_up, lock)
+            return await cls._start_locked(
+                settings, provider, metrics, url, catch_up, lock, url_reached
+            )
         except BaseException:
             lock.release()
             raise
@@ -159,6 +165,7 @@ class MemoryEngine(MemoryBackend):
         url: str | None,
         catch_up: bool,
         lock: DataDirLock,
+        url_reached: bool = False,
     ) -> Self:
         data_dir = settings.data_path
         saved = load_pack_config(data_dir)
@@ -196,6 +203,7 @@ class MemoryEngine(MemoryBackend):
             dead_letters=dead_letters,
             metrics=metrics or metrics_from(settings),
             url=url or "",
+            url_reached=url_reached,
             group=settings.cluster.group,
             own_data_dir=lock.held,  # False under a parent's lock: siblings share it
         )

@@ -21,6 +21,7 @@ from prme.projectors.embeddings.protocol import EmbeddingProvider
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 
+from .advertised_check import check_advertised_url
 from .auth import check_bind_safety
 from .engine import MemoryEngine
 from .listening import listen
@@ -62,6 +63,9 @@ async def _serve(
     log_level: str,
 ) -> None:
     url = advertised_url(settings, sockets)
+    member = settings.log.transport == "kafka" or bool(settings.cluster.static_members)
+    # Another node's URL is refused before anything is opened.
+    reached = settings.cluster.project and member and await check_advertised_url(url, sockets)
     # Listening while catching up: /v1/ready says how far; a request for a partition
     # still catching up waits for it (bounded), then answers 503 with Retry-After.
     engine = await MemoryEngine.open(
@@ -70,6 +74,7 @@ async def _serve(
         create_if_missing=True,
         url=url,
         catch_up=False,
+        url_reached=reached,
     )
     catching_up = asyncio.create_task(_catch_up(engine), name="prme-catch-up")
     try:

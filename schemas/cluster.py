@@ -77,6 +77,9 @@ class MemberClaim(msgspec.Struct, frozen=True, kw_only=True):
     group's are given no partitions."""
     instance: str = ""
     """A random id of the process, which tells members that advertise the same URL apart."""
+    reaches_url: bool = False
+    """A request to its URL was seen to reach it when it started: of members advertising
+    one URL, the group keeps one that it reaches."""
 
 
 SECRET_REFUSED = (

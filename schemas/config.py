@@ -63,7 +63,7 @@ class ScoringSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fusion: Literal["rrf", "weighted", "zscore"] = "zscore"
     """zscore beat rrf (k=60) by ~15 points of recall_any@5 on LoCoMo (docs/RETRIEVAL.md)."""
     rrf_k: Count = 60
-    weights: dict[str, Weight] = msgspec.field(
+    weights: dict[Literal["vector", "lexical", "graph"], Weight] = msgspec.field(
         default_factory=lambda: {"vector": 1.0, "lexical": 1.0, "graph": 1.0}
     )
     candidates: PositiveInt = 500

@@ -485,48 +485,69 @@ def test_a_node_with_another_secret_gets_no_partitions_from_the_running_cluster(
             assert "gave no partitions to" in good.log() + lacking.log()
 
 
-def test_a_second_node_advertising_a_taken_url_gets_no_partitions(
+def test_a_node_advertising_another_nodes_url_is_refused(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """Found by a cluster trial: a node started with another node's advertised URL (two
-    machines both advertising http://127.0.0.1:8765) took half the partitions, which
-    nobody could then reach: requests routed to that URL found the other node."""
+    """Found by cluster trials: a node started with another node's advertised URL (two
+    machines both advertising http://127.0.0.1:8765) took half the partitions, which nobody
+    could then reach; and once the group refused the second member at a URL, a careless
+    node that had started while the right one was down kept the URL when it restarted."""
     topic = f"dupurl-{uuid.uuid4().hex[:8]}"
     env = node_env(kafka_bootstrap, topic, f"{topic}-group")
     first = Node(tmp_path, "first", env)
-    second = Node(tmp_path, "second", env, args=["--advertised-url", first.url])
+    careless = Node(tmp_path, "careless", env, args=["--advertised-url", first.url])
     with running([first]):
         wait_ready([first])
         wait_split([first], PARTITIONS)
-        with running([second]):
-            deadline = time.monotonic() + 120
+        careless.start()
+        assert careless.process is not None
+        assert careless.process.wait(timeout=60) == 2  # the URL answers as another node
+        assert f"the advertised URL {first.url} reaches another PRME node" in careless.log()
+        assert not careless.data_dir.exists()
+    # The right node is down: nothing answers at its URL, so the careless one cannot tell
+    # and takes every partition; the right one, back, is reached at its URL and keeps it.
+    with running([careless]):
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                owned = careless.get("/v1/cluster").json().get("owned")  # an error while starting
+                if owned == list(range(PARTITIONS)):
+                    break
+            assert time.monotonic() < deadline, careless.log()
+            time.sleep(0.2)  # poll interval while the group forms
+        with running([first]):
             view: dict = {}
             while True:
                 with contextlib.suppress(httpx.HTTPError):
                     view = first.get("/v1/cluster").json()
-                    if view["duplicates"] == [first.url]:
+                    if view.get("duplicates") == [first.url] and view.get("owned") == list(
+                        range(PARTITIONS)
+                    ):
                         break
-                assert second.process is not None and second.process.poll() is None
-                assert time.monotonic() < deadline, f"never refused: {view}\n{second.log()}"
+                assert careless.process is not None and careless.process.poll() is None
+                assert time.monotonic() < deadline + 120, f"never moved: {view}\n{first.log()}"
                 time.sleep(0.2)  # poll interval while the group rebalances
             assert [m["url"] for m in view["members"]] == [first.url]
-            assert view["owned"] == list(range(PARTITIONS))
-            mine = httpx.get(f"http://127.0.0.1:{second.port}/v1/cluster", timeout=30).json()
+            mine = careless.get("/v1/cluster").json()
             assert mine["owned"] == [] and mine["generation"] == view["generation"]
-            ready = httpx.get(f"http://127.0.0.1:{second.port}/v1/ready", timeout=30)
+            ready = careless.get("/v1/ready")
             assert ready.status_code == 503 and "advertises the same URL" in ready.json()["detail"]
-            assert first.get("/v1/ready").status_code == 200
+            wait_ready([first])
             asked = time.monotonic()  # not the whole consistency wait for a "rebalance"
-            direct = second.get("/v1/history", params={"user_id": "dup-0"})
+            direct = careless.get("/v1/history", params={"user_id": "dup-0"})
             assert direct.status_code == 503 and time.monotonic() - asked < 5
             assert "serves no partition" in direct.json()["detail"]
             assert "advertises the same URL" in direct.json()["detail"]
-            for i in range(6):  # every owner is served by the node that kept the URL
+            appended = careless.post("/v1/memories", {"user_id": "dup-9", "content": "kites"})
+            assert appended.status_code == 504, appended.text  # on the log, not confirmed
+            assert "after 0." in appended.json()["detail"]  # said at once, not "within 10s"
+            assert "serves no partition" in appended.json()["detail"]
+            for i in range(6):  # every owner is served by the node the URL reaches
                 owner = f"dup-{i}"
                 assert first.post("/v1/memories", {"user_id": owner, "content": "kites"}).is_success
                 history = first.get("/v1/history", params={"user_id": owner})
                 assert [m["content"] for m in history.json()] == ["kites"], history.text
-            assert "advertises the same URL" in second.log()
+            assert "advertises the same URL" in careless.log()
 
 
 def test_partitions_a_project_worker_holds_answer_503_at_once(

@@ -162,6 +162,13 @@ def test_of_members_advertising_one_url_the_one_that_owned_partitions_keeps_it()
     assert duplicate_members(claims) == {"m1"}
     fresh = {m: MemberClaim(url="http://a", instance=m) for m in ("z", "y", "x")}
     assert duplicate_members(fresh) == {"y", "z"}  # none owned anything: first member id
+    # the node whose URL reaches it wins over the careless one that took its partitions
+    # while it was down (found by a cluster trial: restarting the right node refused it)
+    restarted = {
+        "careless": MemberClaim(url="http://a", owned=[0, 1, 2], instance="c"),
+        "right": MemberClaim(url="http://a", reaches_url=True, instance="r"),
+    }
+    assert duplicate_members(restarted) == {"careless"}
     maps: list[ClusterMap] = []
     assignor = ClusterAssignor("t", lambda: claims["m2"], maps.append)
     cluster = ClusterMetadata()

@@ -136,6 +136,7 @@ def test_weights_and_timeouts_are_finite_and_zero_counts_stay_valid() -> None:
     for name, value in (
         ("PRME_SCORING__WEIGHTS", '{"vector": 1e999}'),
         ("PRME_SCORING__WEIGHTS", '{"vector": -0.5}'),
+        ("PRME_SCORING__WEIGHTS", '{"vectr": 1}'),  # a typo was ignored without a word
         ("PRME_CLUSTER__FORWARD_TIMEOUT_S", "0"),
         ("PRME_QDRANT__TIMEOUT_S", "nan"),
     ):

@@ -178,3 +178,15 @@ async def test_an_old_copy_of_a_moved_partition_does_not_outlive_an_erasure(
         if second is not None:
             await second.close()
         await first.close()
+
+
+async def test_a_use_between_two_sweeps_restarts_the_delay(tmp_path: Path) -> None:
+    """Found by a cluster trial (reading the code): a partition used briefly between two
+    sweeps kept its first "unused since" and went early. Closing a shard reports it."""
+    _shards(tmp_path, 5)
+    removed: list[int] = []
+    cleaner = _cleaner(tmp_path, set(), removed)
+    assert await cleaner.sweep(now=100.0) == []  # unused since 100
+    cleaner.released(5, now=150.0)  # opened and closed again between the sweeps
+    assert await cleaner.sweep(now=170.0) == []  # 60 s from 100, but 20 from 150
+    assert await cleaner.sweep(now=211.0) == [5]

@@ -1,0 +1,65 @@
+"""A node asks its advertised URL whether it reaches it before it opens anything (found
+by a cluster trial: a node started with another node's --advertised-url took the
+partitions, and kept them when the right node restarted)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prme.query.advertised_check import check_advertised_url
+from prme.schemas.config import Settings
+from prme.schemas.errors import ConfigurationError
+
+from .live_server import ServerThread
+
+
+def _bound() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    return sock
+
+
+async def test_a_url_that_reaches_this_process_is_confirmed_at_once() -> None:
+    with _bound() as own:
+        url = f"http://127.0.0.1:{own.getsockname()[1]}"
+        started = time.monotonic()
+        assert await check_advertised_url(url, [own]) is True
+        assert time.monotonic() - started < 1.0
+        assert own.getblocking()  # handed back as uvicorn expects it
+
+
+async def test_a_url_nobody_answers_cannot_be_told_and_is_let_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with _bound() as own, _bound() as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"  # accepts, never answers
+        assert await check_advertised_url(url, [own], timeout_s=0.3) is False
+    assert "could not check" in caplog.text
+
+
+async def test_a_url_another_prme_node_answers_is_refused(
+    local_settings: Settings, hashed_provider: Any, tmp_path: Path
+) -> None:
+    other = ServerThread(local_settings, hashed_provider)
+    other.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(other.url + "/v1/health", timeout=5).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        with _bound() as own, pytest.raises(ConfigurationError) as refused:
+            await check_advertised_url(other.url, [own])
+        assert f"the advertised URL {other.url} reaches another PRME node" in str(refused.value)
+        assert "--advertised-url" in str(refused.value)
+    finally:
+        other.stop()
