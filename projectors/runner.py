@@ -499,7 +499,17 @@ class ProjectorRunner:
         return shard
 
     async def _open_standby(self, partition: int) -> Shard:
-        shard = await self._new_shard(partition, lazily=False, standby=True)
+        """The caller holds the partition's lock. A shard parked by the last revocation
+        (the partition moved away and the map asks for a copy here) becomes the standby as
+        it is: opening its directory again failed on the parked shard's locks."""
+        shard = self._parked.pop(partition, None)
+        if shard is not None:
+            self._takeovers.pop(partition, None)
+            if self.changelog is not None:
+                self.changelog.forget(partition)
+            shard.apply_gate = self._background_gate
+        else:
+            shard = await self._new_shard(partition, lazily=False, standby=True)
         shard.publish_vectors_to(None)  # the owner publishes; a copy only reads
         return shard
 

@@ -600,3 +600,35 @@ def test_partitions_a_project_worker_holds_answer_503_at_once(
         finally:
             worker.terminate()
             worker.wait(timeout=60)
+
+
+def test_a_partition_that_moves_away_becomes_a_standby_without_reopening(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Found by a cluster trial: with standbys, partitions a node gave to a joining node
+    became its standbys by opening their directories again while the parked shards still
+    held them (qdrant-edge's WAL lock: an error and a 5 s retry)."""
+    topic = f"handoff-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")
+    first = Node(tmp_path, "first", env, args=["--standby-replicas", "1"])
+    second = Node(tmp_path, "second", env, args=["--standby-replicas", "1"])
+    with running([first]):
+        wait_ready([first])
+        wait_split([first], PARTITIONS)
+        for i in range(12):
+            assert first.post("/v1/memories", {"user_id": f"h{i}", "content": "kites"}).is_success
+        with running([second]):
+            wait_ready([first, second])
+            view = wait_split([first, second], PARTITIONS)
+            moved = next(m["partitions"] for m in view["members"] if m["url"] == second.url)
+            deadline = time.monotonic() + 60
+            while True:
+                standbys = first.get("/v1/cluster").json().get("standbys", {})
+                if sorted(int(p) for p in standbys) == sorted(moved):
+                    break
+                assert time.monotonic() < deadline, (standbys, moved, first.log())
+                time.sleep(0.2)  # poll interval while the standbys open
+            assert "standby replicas failed" not in first.log()
+            assert "Traceback" not in first.log()
+            for i in range(12):  # the copies follow their new owner's writes
+                assert second.post("/v1/memories", {"user_id": f"h{i}", "content": "k"}).is_success
