@@ -122,18 +122,22 @@ sys.exit(asyncio.run(main()))
 PY
 }
 
-# new_cluster_id: a fresh KRaft cluster id (22 base64url characters). Python is quick;
-# when it gives no id (a CI run once got an empty one, and every broker test failed on an
-# empty --cluster-id), Kafka's own storage tool makes one.
+# new_cluster_id: a fresh KRaft cluster id (22 base64url characters, not starting with
+# "-": the storage tool's parser reads "-t -Xy..." as a missing value and fails with
+# "expected one argument", which once failed every broker test of a run in 1 of 64; Kafka's
+# own Uuid.randomUuid skips such ids too). Python is quick; when it gives no id, Kafka's own
+# storage tool makes one.
 new_cluster_id() {
     local id
     id="$("$PYTHON" -c 'import base64, uuid
-print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' 2>&1)" || true
-    if [[ ! "$id" =~ ^[A-Za-z0-9_-]{22}$ ]]; then
+while (i := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+    pass
+print(i)' 2>&1)" || true
+    if [[ ! "$id" =~ ^[A-Za-z0-9_][A-Za-z0-9_-]{21}$ ]]; then
         echo "kafka.sh: $PYTHON gave no cluster id (${id:-no output}); asking kafka-storage" >&2
         id="$(java -cp "$LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)"
     fi
-    [[ "$id" =~ ^[A-Za-z0-9_-]{22}$ ]] || die "could not make a cluster id"
+    [[ "$id" =~ ^[A-Za-z0-9_][A-Za-z0-9_-]{21}$ ]] || die "could not make a cluster id"
     echo "$id"
 }
 
