@@ -260,7 +260,16 @@ def _serve(args: argparse.Namespace) -> int:
 
         return serve_processes(settings, args.processes, _child_options(args))
     try:
-        asyncio.run(run_server(settings, log_level=args.log_level, sockets=_inherited(args)))
+        # A --processes child's URL is a socket its parent bound for it: nothing to check,
+        # and probing would turn away the requests queued there while it restarted.
+        asyncio.run(
+            run_server(
+                settings,
+                log_level=args.log_level,
+                sockets=_inherited(args),
+                check_url=args.listen_fd is None,
+            )
+        )
     except KeyboardInterrupt:
         return 0
     return 0

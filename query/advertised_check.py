@@ -3,10 +3,12 @@
 A node given another node's ``--advertised-url`` (two machines both left at the same URL)
 would take partitions nobody can reach. The group refuses a second member advertising a
 URL, but which member is second depends on who joined first: restart the right node and
-the careless one keeps the URL. So a node with an explicit advertised URL asks that URL,
-before it opens anything, for a nonce it listens for on its own sockets: if the nonce
-arrives, the URL is this node's (directly or through a proxy); if another PRME node answers
-instead, the node refuses to start; if nothing answers, it cannot tell and goes on.
+the careless one keeps the URL. So a member asks its advertised URL, before it opens
+anything, for a nonce it listens for on its own sockets: if the nonce arrives, the URL is
+this node's (directly or through a proxy); if another PRME node answers instead, the node
+refuses to start; if nothing answers (nothing listens there yet, or the node cannot reach
+itself: hairpin NAT, a name published only once the node is ready), it cannot tell and
+goes on. Clients that connect meanwhile get 503 (the node is starting).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ async def check_advertised_url(
     nonce = secrets.token_hex(16)
     reached = asyncio.Event()
     listening = _sockets_for(url, sockets)
+    blocking = [sock.getblocking() for sock in listening]
     acceptors = [asyncio.create_task(_answer(sock, nonce, reached)) for sock in listening]
     try:
         served_by, why = await _ask(url, nonce, timeout_s, reached)
@@ -53,8 +56,8 @@ async def check_advertised_url(
         for task in acceptors:
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await task
-        for sock in listening:
-            sock.setblocking(True)
+        for sock, was in zip(listening, blocking, strict=True):
+            sock.setblocking(was)
     if reached.is_set():
         return True
     if served_by is not None:
@@ -70,7 +73,11 @@ async def check_advertised_url(
 def _sockets_for(url: str, sockets: Sequence[socket.socket]) -> list[socket.socket]:
     """The sockets on the URL's port (``--processes`` children share the clients' socket:
     listening there would take their clients' requests), else all of them (a proxy)."""
-    port = urlsplit(url).port or (443 if url.startswith("https") else 80)
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    except ValueError:  # not a port: the probe itself will say so
+        return list(sockets)
     matching = [sock for sock in sockets if sock.getsockname()[1] == port]
     return matching or list(sockets)
 
@@ -79,7 +86,8 @@ async def _ask(
     url: str, nonce: str, timeout_s: float, reached: asyncio.Event
 ) -> tuple[str | None, str]:
     """Who answered (its served-by URL, None when not a PRME node), and why not if nobody."""
-    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+    # The environment's CA bundle and proxies, as the hops between nodes use them.
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
         asking = asyncio.ensure_future(
             client.get(url.rstrip("/") + "/v1/ready", headers={PROBE_HEADER: nonce})
         )
@@ -95,25 +103,42 @@ async def _ask(
             return None, "no answer"
         try:
             response = asking.result()
-        except httpx.HTTPError as error:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
             return None, str(error) or type(error).__name__
     return response.headers.get(SERVED_BY_HEADER), f"HTTP {response.status_code}"
 
 
 async def _answer(sock: socket.socket, nonce: str, reached: asyncio.Event) -> None:
-    """Accept on ``sock`` until cancelled: the probe gets 204 and sets ``reached``; any
-    other early client gets 503 (the node is starting)."""
+    """Accept on ``sock`` until cancelled, each connection answered on its own (an idle
+    one must not hold up the probe): the probe gets 204 and sets ``reached``; any other
+    early client gets 503 (the node is starting)."""
     loop = asyncio.get_running_loop()
     sock.setblocking(False)
-    while True:
-        conn, _ = await loop.sock_accept(sock)
-        with conn:
-            head = await _read_head(loop, conn)
-            own = nonce.encode() in head and PROBE_HEADER.encode() in head.lower()
-            with contextlib.suppress(OSError):
-                await loop.sock_sendall(conn, _OWN if own else _STARTING)
-            if own:
-                reached.set()
+    replies: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except (ConnectionAbortedError, ConnectionResetError):
+                continue  # a client gave up before it was accepted
+            reply = asyncio.create_task(_reply(loop, conn, nonce, reached))
+            replies.add(reply)
+            reply.add_done_callback(replies.discard)
+    finally:
+        for reply in list(replies):
+            reply.cancel()
+
+
+async def _reply(
+    loop: asyncio.AbstractEventLoop, conn: socket.socket, nonce: str, reached: asyncio.Event
+) -> None:
+    with conn:
+        head = await _read_head(loop, conn)
+        own = nonce.encode() in head and PROBE_HEADER.encode() in head.lower()
+        with contextlib.suppress(OSError):
+            await loop.sock_sendall(conn, _OWN if own else _STARTING)
+        if own:
+            reached.set()
 
 
 async def _read_head(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:

@@ -37,9 +37,11 @@ async def run_server(
     sockets: Sequence[socket.socket] | None = None,
     shutdown: asyncio.Event | None = None,
     log_level: str = "info",
+    check_url: bool = True,
 ) -> None:
     """Serve ``settings.data_dir`` on ``settings.service.host:port`` (or on ``sockets``,
-    already bound) until SIGINT/SIGTERM or until ``shutdown`` is set.
+    already bound) until SIGINT/SIGTERM or until ``shutdown`` is set. ``check_url``: a
+    member first asks its advertised URL whether it reaches it (query/advertised_check.py).
 
     Raises ConfigurationError before opening anything when the service would listen on a
     non-loopback address without API keys.
@@ -49,7 +51,7 @@ async def run_server(
     # partitions and leave again; and --port 0 advertises the port it got.
     listening = list(sockets) if sockets else [listen(settings.service.host, settings.service.port)]
     try:
-        await _serve(settings, listening, embedding_provider, shutdown, log_level)
+        await _serve(settings, listening, embedding_provider, shutdown, log_level, check_url)
     finally:
         if not sockets:
             listening[0].close()
@@ -61,11 +63,15 @@ async def _serve(
     embedding_provider: EmbeddingProvider | None,
     shutdown: asyncio.Event | None,
     log_level: str,
+    check_url: bool,
 ) -> None:
     url = advertised_url(settings, sockets)
     member = settings.log.transport == "kafka" or bool(settings.cluster.static_members)
-    # Another node's URL is refused before anything is opened.
-    reached = settings.cluster.project and member and await check_advertised_url(url, sockets)
+    if check_url and member and settings.cluster.project:
+        # Another node's URL is refused before anything is opened.
+        reached = await check_advertised_url(url, sockets)
+    else:
+        reached = not check_url  # a --processes child: its parent bound its URL's socket
     # Listening while catching up: /v1/ready says how far; a request for a partition
     # still catching up waits for it (bounded), then answers 503 with Retry-After.
     engine = await MemoryEngine.open(

@@ -63,3 +63,17 @@ async def test_a_url_another_prme_node_answers_is_refused(
         assert "--advertised-url" in str(refused.value)
     finally:
         other.stop()
+
+
+async def test_idle_early_connections_do_not_hold_up_the_probe() -> None:
+    """From a review: one connection at a time, with a 1 s wait for each request head, let
+    two idle connections push the probe past its limit."""
+    with (
+        _bound() as own,
+        socket.create_connection(own.getsockname()),
+        socket.create_connection(own.getsockname()),
+    ):
+        url = f"http://127.0.0.1:{own.getsockname()[1]}"
+        started = time.monotonic()
+        assert await check_advertised_url(url, [own], timeout_s=1.5) is True
+        assert time.monotonic() - started < 1.0
