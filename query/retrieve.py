@@ -326,9 +326,7 @@ class Retriever:
                 boosts[node_id] = factor
         if not boosts:
             return ranked, nodes, boosts
-        rescored = [(node_id, score * boosts.get(node_id, 1.0)) for node_id, score in head]
-        rescored.sort(key=lambda item: (-item[1], item[0]))
-        return rescored + list(ranked[limit:]), nodes, boosts
+        return boosted(head, boosts) + list(ranked[limit:]), nodes, boosts
 
     async def _head(
         self,
@@ -419,6 +417,21 @@ def _search_one(model: Any, call: Callable[[Any], Any], *, beside: bool = False)
             raise
         return _Outcome([], _ms(started), f"{type(error).__name__}: {error}")
     return _Outcome(hits, _ms(started), None)
+
+
+def boosted(head: Ranking, boosts: dict[str, float]) -> Ranking:
+    """``head`` rescored by each candidate's factor and sorted. A boosted candidate scores
+    at least the lowest positive score of the head before its factor: zscore fusion clips
+    candidates below a channel's mean to 0, which no factor would lift (a memory that
+    occurred in the span the question names stayed under every positive one)."""
+    positive = [score for _, score in head if score > 0]
+    floor = min(positive) if positive else 0.0
+    rescored = [
+        (node_id, (max(score, floor) if node_id in boosts else score) * boosts.get(node_id, 1.0))
+        for node_id, score in head
+    ]
+    rescored.sort(key=lambda item: (-item[1], item[0]))
+    return rescored
 
 
 def time_factor(

@@ -13,7 +13,7 @@ from prme.query.analysis import (
     strip_names,
     strip_stopwords,
 )
-from prme.query.retrieve import time_factor
+from prme.query.retrieve import boosted, time_factor
 from prme.query.temporal import date_mentions, has_time_expression, time_cue
 from prme.schemas.config import QuerySettings
 
@@ -148,3 +148,19 @@ def test_speaker_factor_boosts_only_the_named_speakers_memories() -> None:
     assert speaker_factor(analysis, None, settings) == 1.0
     unnamed = analyse("What did Caroline paint?", OFF, ["Caroline"])
     assert speaker_factor(unnamed, "Caroline", settings) == 1.0
+
+
+def test_a_boost_lifts_a_candidate_zscore_clipped_to_zero() -> None:
+    """From a new-user trial: under zscore, candidates below a channel's mean fuse to 0,
+    and a date match's factor times 0 left the memory from the named month under every
+    positive candidate."""
+    head = [("a", 1.4), ("b", 0.6), ("c", 0.2), ("may", 0.0), ("other", 0.0)]
+    assert boosted(head, {"may": 2.0}) == [
+        ("a", 1.4),
+        ("b", 0.6),
+        ("may", 0.4),  # the lowest positive score (0.2), doubled
+        ("c", 0.2),
+        ("other", 0.0),
+    ]
+    assert boosted(head, {"a": 2.0}) == [(n, s * 2 if n == "a" else s) for n, s in head]
+    assert boosted([("x", 0.0), ("y", 0.0)], {"y": 2.0}) == [("x", 0.0), ("y", 0.0)]
