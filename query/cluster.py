@@ -60,6 +60,11 @@ class ServedByWorker(NotOwner):
     misconfigured group, not a slow one (503 at once)."""
 
 
+class NodeRefused(NotOwner):
+    """The group gave this node nothing, and the partition's owner advertises this node's
+    own URL: nothing here can serve or confirm it (503 at once, a write not appended)."""
+
+
 class HopRefused(NotOwner):
     """The partition's owner refused this node's cluster secret: a misconfigured cluster,
     not a slow one (503)."""
@@ -126,6 +131,15 @@ class ClusterRouter:
             return self._polled
         return own
 
+    def refused_for(self, partition: int) -> NodeRefused | None:
+        """Why this node can do nothing for ``partition``: the group refused it, and the
+        map names its own URL (another member's) as the owner. None otherwise."""
+        refusal = self.runner.refusal
+        cluster_map = self.cluster_map
+        if refusal is None or cluster_map is None or cluster_map.owner(partition) != self.url:
+            return None
+        return NodeRefused(f"this node serves no partition: {refusal}")
+
     def partition_of(self, owner: str) -> int:
         return self.transport.partition_for(owner.encode())
 
@@ -188,8 +202,8 @@ class ClusterRouter:
             owner = None if cluster_map is None else cluster_map.owner(partition)
             if owner and owner != self.url:
                 return owner
-            if owner == self.url and (refusal := self.runner.refusal) is not None:
-                raise NotOwner(f"this node serves no partition: {refusal}")  # another's URL
+            if (refused := self.refused_for(partition)) is not None:
+                raise refused
             if owner == "":  # a settled map: waiting for a change would only wait it out
                 raise ServedByWorker(
                     f"partition {partition} is projected by a `prme project` worker, which "

@@ -30,7 +30,7 @@ from litestar.types import (
 from prme.schemas.errors import Unauthenticated
 
 from .auth import ApiKeys
-from .cluster import ClusterRouter, NotOwner
+from .cluster import ClusterRouter, NodeRefused, NotOwner
 from .http_types import FORWARDED_BY_HEADER, NOT_OWNER_HEADER, SERVED_BY_HEADER, ErrorBody
 
 _ROUTED: list[tuple[str, re.Pattern[str], str]] = [
@@ -88,6 +88,9 @@ class ForwardingMiddleware:
         replay = _replayer(body, complete, receive)
         owner = _owner(scope, body, where) if complete else None
         if owner is None:  # the app answers the malformed (or too large) request
+            if where == "request_id" and complete and (refused := self._refused(scope, body)):
+                await _refuse(stamped, refused, not_owner=False)  # not appended
+                return
             await self.app(scope, replay, stamped)
             return
         headers = _headers(scope)
@@ -124,7 +127,8 @@ class ForwardingMiddleware:
                 timeout_s=self.timeout_s,
             )
         except NotOwner as error:
-            if where == "request_id":  # no owner to check it: appended here, best effort
+            if where == "request_id" and not isinstance(error, NodeRefused):
+                # no owner to check it: appended here, best effort
                 await self.app(scope, replay, stamped)
                 return
             await _refuse(stamped, error, not_owner=False)
@@ -146,6 +150,27 @@ class ForwardingMiddleware:
         }
         await send(start)
         await send(_body(response.content))
+
+    def _refused(self, scope: Scope, body: bytes) -> NodeRefused | None:
+        """A write without a request id, at a node the group refused, for an owner whose
+        partition's owner advertises this node's URL: nothing here could confirm it (the
+        app answers the unauthenticated, the forbidden and the malformed as always)."""
+        if self.router.runner.refusal is None:
+            return None
+        try:
+            owner = _idempotent_write.decode(body).user_id
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            return None
+        headers = _headers(scope)
+        try:
+            caller = self.api_keys.authenticate(
+                headers.get("authorization"), headers.get("x-api-key")
+            )
+        except Unauthenticated:
+            return None
+        if not owner or not (caller.is_admin or caller.owner == owner):
+            return None
+        return self.router.refused_for(self.router.partition_of(owner))
 
     async def _serve_hop(self, partition: int, scope: Scope, receive: Receive, send: Send) -> None:
         if self.router.owns(partition) and await self.router.runner.wait_serving(
