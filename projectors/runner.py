@@ -52,6 +52,7 @@ from .registry import MODEL_NAMES, read_models
 from .shard import RETIRED_SUFFIX, Shard, replace_model_directory, shard_directory
 from .standby import StandbyKeeper
 from .state_cleanup import DISCARDED_SUFFIX, StateCleaner
+from .tasks import cancel_and_wait
 from .vector_changelog import RestoreStats, VectorChangelog
 
 GROUP = "prme-projectors"
@@ -1122,9 +1123,7 @@ class ProjectorRunner:
                     )
         finally:
             if not pending.done():
-                pending.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pending
+                await cancel_and_wait(pending)
         return count
 
     async def _swap(self, shard: Shard, staging: Path, models: Sequence[ModelName]) -> None:

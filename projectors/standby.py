@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from prme.producers.transport import LogTransport
 
 from .shard import Shard
+from .tasks import cancel_and_wait
 
 POLL_S = 0.2
 """How often a caught-up standby asks the log for more."""
@@ -82,10 +83,7 @@ class StandbyKeeper:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         for partition in list(self.shards):
             async with self._lock(partition):
                 shard = self.shards.pop(partition, None)

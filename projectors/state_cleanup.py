@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from .shard import shard_directory
+from .tasks import cancel_and_wait
 
 DISCARDED_SUFFIX = ".discarded"
 """``shards/p<N>.discarded/``: a directory being deleted (renamed first, so a process
@@ -68,10 +69,7 @@ class StateCleaner:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

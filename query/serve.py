@@ -18,6 +18,7 @@ from collections.abc import Generator, Sequence
 import uvicorn
 
 from prme.projectors.embeddings.protocol import EmbeddingProvider
+from prme.projectors.tasks import cancel_and_wait
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 
@@ -99,10 +100,7 @@ async def _serve(
         try:
             await server.serve(sockets=_tcp_sockets(sockets))
         finally:
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+            await cancel_and_wait(watcher)
     finally:
         catching_up.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
