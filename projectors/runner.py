@@ -366,11 +366,6 @@ class ProjectorRunner:
         return self._secret_tag
 
     @property
-    def refused(self) -> bool:
-        """The group gave this node nothing: see :attr:`refusal`."""
-        return self.refusal is not None
-
-    @property
     def refusal(self) -> str | None:
         """Why the group gave this node nothing: its cluster secret is not the others', or
         another member advertises its URL. None when it was not refused."""

@@ -29,7 +29,7 @@ from litestar.types import (
 
 from prme.schemas.errors import Unauthenticated
 
-from .auth import ApiKeys
+from .auth import ApiKeys, Caller
 from .cluster import ClusterRouter, NodeRefused, NotOwner
 from .http_types import FORWARDED_BY_HEADER, NOT_OWNER_HEADER, SERVED_BY_HEADER, ErrorBody
 
@@ -86,15 +86,19 @@ class ForwardingMiddleware:
             return
         body, complete = await _read_body(receive, self.max_body_bytes)
         replay = _replayer(body, complete, receive)
-        owner = _owner(scope, body, where) if complete else None
+        owner, routed = _owner(scope, body, where) if complete else (None, False)
         if owner is None:  # the app answers the malformed (or too large) request
-            if where == "request_id" and complete and (refused := self._refused(scope, body)):
-                await _refuse(stamped, refused, not_owner=False)  # not appended
-                return
             await self.app(scope, replay, stamped)
             return
         headers = _headers(scope)
         partition = self.router.partition_of(owner)
+        if not routed:  # a write without a request id: any node appends it ...
+            refused = self.router.refused_for(partition)
+            if refused is not None and self._caller(headers, owner) is not None:
+                await _refuse(stamped, refused, not_owner=False)  # ... but one refused here
+                return
+            await self.app(scope, replay, stamped)
+            return
         try:
             hop = self.router.check_forwarded(headers)
         except Unauthenticated:
@@ -103,15 +107,9 @@ class ForwardingMiddleware:
         if hop is not None:
             await self._serve_hop(partition, scope, replay, stamped)
             return
-        try:
-            caller = self.api_keys.authenticate(
-                headers.get("authorization"), headers.get("x-api-key")
-            )
-        except Unauthenticated:
+        caller = self._caller(headers, owner)
+        if caller is None:  # 401 or 403, answered by the app
             await self.app(scope, replay, stamped)
-            return
-        if not caller.is_admin and caller.owner != owner:
-            await self.app(scope, replay, stamped)  # 403, answered here
             return
         target = str(scope.get("raw_path", b"").decode() or scope["path"])
         if scope.get("query_string"):
@@ -151,26 +149,15 @@ class ForwardingMiddleware:
         await send(start)
         await send(_body(response.content))
 
-    def _refused(self, scope: Scope, body: bytes) -> NodeRefused | None:
-        """A write without a request id, at a node the group refused, for an owner whose
-        partition's owner advertises this node's URL: nothing here could confirm it (the
-        app answers the unauthenticated, the forbidden and the malformed as always)."""
-        if self.router.runner.refusal is None:
-            return None
-        try:
-            owner = _idempotent_write.decode(body).user_id
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-            return None
-        headers = _headers(scope)
+    def _caller(self, headers: dict[str, str], owner: str) -> Caller | None:
+        """The caller, when its key may act for ``owner`` (else the app answers it)."""
         try:
             caller = self.api_keys.authenticate(
                 headers.get("authorization"), headers.get("x-api-key")
             )
         except Unauthenticated:
             return None
-        if not owner or not (caller.is_admin or caller.owner == owner):
-            return None
-        return self.router.refused_for(self.router.partition_of(owner))
+        return caller if caller.is_admin or caller.owner == owner else None
 
     async def _serve_hop(self, partition: int, scope: Scope, receive: Receive, send: Send) -> None:
         if self.router.owns(partition) and await self.router.runner.wait_serving(
@@ -201,19 +188,22 @@ def _where(method: str, path: str) -> str | None:
     return None
 
 
-def _owner(scope: Scope, body: bytes, where: str) -> str | None:
+def _owner(scope: Scope, body: bytes, where: str) -> tuple[str | None, bool]:
+    """The owner a request names, and whether the owner's node must answer it (False: a
+    write without a request id, which any node appends)."""
     if where == "query":
         values = parse_qs(scope.get("query_string", b"").decode(errors="replace")).get("user_id")
-        return values[0] if values and values[0] else None
+        return (values[0] if values and values[0] else None), True
     try:
         if where == "request_id":
             write = _idempotent_write.decode(body)
-            if write.request_id is None and all(m.request_id is None for m in write.messages):
-                return None  # any node appends it
-            return write.user_id or None
-        return _owner_of_body.decode(body).user_id or None
+            keyed = write.request_id is not None or any(
+                m.request_id is not None for m in write.messages
+            )
+            return write.user_id or None, keyed
+        return _owner_of_body.decode(body).user_id or None, True
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        return None  # the app answers it (400), counted and logged as such
+        return None, False  # the app answers it (400), counted and logged as such
 
 
 def _headers(scope: Scope) -> dict[str, str]:
