@@ -65,6 +65,11 @@ class NodeRefused(NotOwner):
     own URL: nothing here can serve or confirm it (503 at once, a write not appended)."""
 
 
+class HopBroken(NotOwner):
+    """The connection to the owner broke after a write was sent: the owner may have
+    applied it, so it is neither sent again nor appended here (503)."""
+
+
 class HopRefused(NotOwner):
     """The partition's owner refused this node's cluster secret: a misconfigured cluster,
     not a slow one (503)."""
@@ -291,7 +296,7 @@ class ClusterRouter:
                 self.metrics.cluster_forwards.labels("unreachable").inc()
             except httpx.HTTPError as error:
                 if not _repeatable(method, target):  # the owner may have applied it
-                    raise NotOwner(
+                    raise HopBroken(
                         f"partition {partition}: the connection to its owner {url} broke "
                         f"({error!r}) after the request was sent; it may have been applied"
                     ) from error

@@ -1,19 +1,24 @@
-"""The ASGI middleware that sends a read to the node owning its owner's partition.
+"""The ASGI middleware that sends a request to the node owning its owner's partition.
 
 Reads (retrieve, history, events), the writes that must read first (delete a message,
-archive, restore, supersede: they check the event or node) and one owner's writes that
-carry a ``request_id`` (the owner's node checks it against its events model, which Kafka
-cannot do) are forwarded whole; the reply is relayed as it came (same status and body).
-Other appends are not forwarded: any node appends to the log, and only their
-read-your-writes wait goes to the owner (``MemoryEngine.wait_for``). A request another node
-forwarded is served here or refused with 503 ``not_owner`` (never forwarded twice), so a
-stale map costs a retry, not a loop.
+archive, restore, supersede: they check the event or node), and every one-owner write
+(store a memory, add to, replace or clear a history, erase the owner) are answered by the
+owner's node; the reply is relayed as it came (same status and body). One owner's writes
+go to its node because that node checks a ``request_id`` against its events model (which
+Kafka cannot do) and is the one that erases the owner, dropping the data key it seals
+with: a node that sealed the owner's writes itself kept sealing with the erased key from
+memory, and the owner's node then dropped those acknowledged writes. A one-owner write
+whose owner cannot be found within ``query.consistency_timeout_s`` is appended here (the
+log takes it; the answer says it is unconfirmed); a write the hop may have delivered is
+not. A batch of several owners' memories is appended by the node it reaches.
+A request another node forwarded is served here or refused with 503 ``not_owner`` (never
+forwarded twice), so a stale map costs a retry, not a loop.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal, NamedTuple
 from urllib.parse import parse_qs
 
 import msgspec
@@ -30,37 +35,43 @@ from litestar.types import (
 from prme.schemas.errors import Unauthenticated
 
 from .auth import ApiKeys, Caller
-from .cluster import ClusterRouter, NodeRefused, NotOwner
+from .cluster import ClusterRouter, HopBroken, NodeRefused, NotOwner
 from .http_types import FORWARDED_BY_HEADER, NOT_OWNER_HEADER, SERVED_BY_HEADER, ErrorBody
 
-_ROUTED: list[tuple[str, re.Pattern[str], str]] = [
-    ("POST", re.compile(r"/v1/retrieve"), "body"),
-    ("GET", re.compile(r"/v1/history"), "query"),
-    ("GET", re.compile(r"/v1/events/[^/]+(/nodes)?"), "query"),
-    ("DELETE", re.compile(r"/v1/history/messages/[^/]+"), "query"),
-    ("POST", re.compile(r"/v1/nodes/[^/]+/(archive|restore|supersede)"), "body"),
-    ("POST", re.compile(r"/v1/(memories|history/messages|history/replace)"), "request_id"),
-]
-"""(method, path, where the owner is): the requests answered by the owner's node
-(``request_id``: in the body, when the write carries a request id)."""
+
+class _Route(NamedTuple):
+    method: str
+    path: re.Pattern[str]
+    owner_in: Literal["body", "query", "batch"]
+    """Where the request names its owner: ``user_id`` in the body or the query, or the one
+    ``user_id`` of every message of a batch."""
+    appended_here: bool
+    """A write this node appends itself when no owner can be reached (nothing was sent)."""
+
+
+_ROUTES: tuple[_Route, ...] = (
+    _Route("POST", re.compile(r"/v1/retrieve"), "body", False),
+    _Route("GET", re.compile(r"/v1/history"), "query", False),
+    _Route("GET", re.compile(r"/v1/events/[^/]+(/nodes)?"), "query", False),
+    _Route("DELETE", re.compile(r"/v1/history/messages/[^/]+"), "query", False),
+    _Route("POST", re.compile(r"/v1/nodes/[^/]+/(archive|restore|supersede)"), "body", False),
+    _Route("POST", re.compile(r"/v1/(memories|history/(messages|replace|clear))"), "body", True),
+    _Route("POST", re.compile(r"/v1/memories/batch"), "batch", True),
+    _Route("DELETE", re.compile(r"/v1/owners"), "query", True),
+)
+"""The requests the owner's node answers."""
 
 
 class _Owner(msgspec.Struct):
     user_id: str | None = None
 
 
-class _RequestId(msgspec.Struct):
-    request_id: str | None = None
-
-
-class _IdempotentWrite(msgspec.Struct):
-    user_id: str | None = None
-    request_id: str | None = None
-    messages: list[_RequestId] = []
+class _Batch(msgspec.Struct):
+    messages: list[_Owner] = []
 
 
 _owner_of_body = msgspec.json.Decoder(_Owner)
-_idempotent_write = msgspec.json.Decoder(_IdempotentWrite)
+_owners_of_batch = msgspec.json.Decoder(_Batch)
 
 
 class ForwardingMiddleware:
@@ -80,25 +91,18 @@ class ForwardingMiddleware:
             await self.app(scope, receive, send)
             return
         stamped = self._stamp(send)
-        where = _where(str(scope.get("method", "")), str(scope.get("path", "")))
-        if where is None:
+        route = _route(str(scope.get("method", "")), str(scope.get("path", "")))
+        if route is None:
             await self.app(scope, receive, stamped)
             return
         body, complete = await _read_body(receive, self.max_body_bytes)
         replay = _replayer(body, complete, receive)
-        owner, routed = _owner(scope, body, where) if complete else (None, False)
+        owner = _owner(scope, body, route) if complete else None
         if owner is None:  # the app answers the malformed (or too large) request
             await self.app(scope, replay, stamped)
             return
         headers = _headers(scope)
         partition = self.router.partition_of(owner)
-        if not routed:  # a write without a request id: any node appends it ...
-            refused = self.router.refused_for(partition)
-            if refused is not None and self._caller(headers, owner) is not None:
-                await _refuse(stamped, refused, not_owner=False)  # ... but one refused here
-                return
-            await self.app(scope, replay, stamped)
-            return
         try:
             hop = self.router.check_forwarded(headers)
         except Unauthenticated:
@@ -125,9 +129,8 @@ class ForwardingMiddleware:
                 timeout_s=self.timeout_s,
             )
         except NotOwner as error:
-            if where == "request_id" and not isinstance(error, NodeRefused):
-                # no owner to check it: appended here, best effort
-                await self.app(scope, replay, stamped)
+            if route.appended_here and not isinstance(error, (NodeRefused, HopBroken)):
+                await self.app(scope, replay, stamped)  # no owner reached: the log takes it
                 return
             await _refuse(stamped, error, not_owner=False)
             return
@@ -181,29 +184,25 @@ class ForwardingMiddleware:
         return stamped
 
 
-def _where(method: str, path: str) -> str | None:
-    for routed_method, pattern, where in _ROUTED:
-        if method == routed_method and pattern.fullmatch(path):
-            return where
+def _route(method: str, path: str) -> _Route | None:
+    for route in _ROUTES:
+        if method == route.method and route.path.fullmatch(path):
+            return route
     return None
 
 
-def _owner(scope: Scope, body: bytes, where: str) -> tuple[str | None, bool]:
-    """The owner a request names, and whether the owner's node must answer it (False: a
-    write without a request id, which any node appends)."""
-    if where == "query":
+def _owner(scope: Scope, body: bytes, route: _Route) -> str | None:
+    """The owner a request names (None: the app answers the request)."""
+    if route.owner_in == "query":
         values = parse_qs(scope.get("query_string", b"").decode(errors="replace")).get("user_id")
-        return (values[0] if values and values[0] else None), True
+        return values[0] if values and values[0] else None
     try:
-        if where == "request_id":
-            write = _idempotent_write.decode(body)
-            keyed = write.request_id is not None or any(
-                m.request_id is not None for m in write.messages
-            )
-            return write.user_id or None, keyed
-        return _owner_of_body.decode(body).user_id or None, True
+        if route.owner_in == "batch":  # one owner's batch goes to its node; others stay here
+            owners = {message.user_id for message in _owners_of_batch.decode(body).messages}
+            return owners.pop() if len(owners) == 1 else None
+        return _owner_of_body.decode(body).user_id or None
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        return None, False  # the app answers it (400), counted and logged as such
+        return None  # the app answers it (400), counted and logged as such
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -142,13 +142,49 @@ def test_a_write_with_a_request_id_is_checked_by_its_owners_node(
     assert added.status_code == 201, added.text
     assert retry.post("/v1/history/messages", messages).json() == added.json()
     plain = retry.post("/v1/memories", {"user_id": owner, "content": "no request id"})
-    assert plain.status_code == 201 and plain.headers["x-prme-served-by"] == retry.url
+    assert plain.status_code == 201 and plain.headers["x-prme-served-by"] == owning
     history = retry.get("/v1/history", params={"user_id": owner})
     assert [m["content"] for m in history.json()] == [
         "Aurora ships on Friday",
         "bring the charts",
         "no request id",
     ]
+
+
+def test_a_write_after_an_erasure_through_another_node_is_kept(
+    cluster: tuple[list[Node], str],
+) -> None:
+    """From a review: a node that sealed an owner's writes itself kept the data key in
+    memory for a minute after the owner's node erased the owner, so its next writes were
+    acknowledged (201) and then dropped by the owner's node as erased. Every one-owner
+    write, and the erasure, now goes to the owner's node, which drops the key it erases."""
+    nodes, _ = cluster
+    owner = "erased-then-back"
+    owning = nodes[0].get("/v1/history", params={"user_id": owner}).headers["x-prme-served-by"]
+    owner_node = next(node for node in nodes if node.url == owning)
+    entry = next(node for node in nodes if node.url != owning)
+
+    def add(node: Node, content: str) -> httpx.Response:
+        body = {"user_id": owner, "session_id": "s", "messages": [{"content": content}]}
+        added = node.post("/v1/history/messages", body)
+        assert added.status_code == 201, added.text
+        return added
+
+    assert add(entry, "before the erasure").headers["x-prme-served-by"] == owning
+    erased = httpx.delete(
+        owner_node.url + "/v1/owners", params={"user_id": owner}, headers=ADMIN, timeout=60
+    )
+    assert erased.status_code == 200, erased.text
+    after = [f"after the erasure {i}" for i in range(3)]
+    for content in after:
+        add(entry, content)
+    for node in nodes:
+        history = node.get("/v1/history", params={"user_id": owner, "session_id": "s"})
+        assert [m["content"] for m in history.json()] == after, node.url
+    again = httpx.delete(
+        entry.url + "/v1/owners", params={"user_id": owner}, headers=ADMIN, timeout=60
+    )
+    assert again.status_code == 200 and again.headers["x-prme-served-by"] == owning
 
 
 def forwards(nodes: list[Node]) -> float:
