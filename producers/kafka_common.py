@@ -11,18 +11,27 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from prme.schemas.errors import ConfigurationError, TransportError
+from prme.schemas.errors import AppendUnconfirmed, ConfigurationError, TransportError
 
 from .transport import LogEntry
 
 T = TypeVar("T")
 
 
-async def bounded(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
-    """Await with a deadline; Kafka errors and timeouts become :class:`TransportError`."""
+async def bounded(
+    awaitable: Awaitable[T], timeout_s: float, what: str, *, may_land: bool = False
+) -> T:
+    """Await with a deadline; Kafka errors and timeouts become :class:`TransportError`
+    (``may_land``: a timeout is :class:`AppendUnconfirmed`, records that stay queued)."""
     try:
         return await asyncio.wait_for(awaitable, timeout_s)
     except TimeoutError as error:
+        if may_land:
+            raise AppendUnconfirmed(
+                f"kafka: the log did not confirm the {what} within {timeout_s:g}s; the "
+                "records stay queued and may still be appended (a retry with the same "
+                "request_id is written once)"
+            ) from error
         raise TransportError(f"kafka: {what} timed out after {timeout_s:g}s") from error
     except KafkaError as error:
         raise TransportError(f"kafka: {what} failed: {error!r}") from error

@@ -295,6 +295,7 @@ class KafkaLogTransport:
             producer.send_and_wait(self._topic, item.value, key=item.key, partition=partition),
             self._timeout_s,
             "append",
+            may_land=True,
         )
         position = Position(metadata.partition, metadata.offset)
         self._note_written([position])
@@ -424,7 +425,7 @@ class KafkaLogTransport:
         # at once from interleaving there, so each owner's records keep the callers' order.
         async with self._enqueue_lock:
             enqueued = await enqueue_batches(producer, self._topic, self._addressed(items))
-        positions = await bounded(enqueued.positions(), self._timeout_s, "append")
+        positions = await bounded(enqueued.positions(), self._timeout_s, "append", may_land=True)
         self._note_written(positions)
         return positions
 
@@ -445,7 +446,10 @@ class KafkaLogTransport:
             producer = await self._transactional_producer()
             try:
                 return await bounded(
-                    self._transaction(producer, items), self._timeout_s, "atomic append"
+                    self._transaction(producer, items),
+                    self._timeout_s,
+                    "atomic append",
+                    may_land=True,
                 )
             except BaseException:
                 # A failed transaction can leave the producer fenced or in a fatal state:

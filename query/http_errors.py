@@ -4,6 +4,7 @@ an error kind, ``HttpMemoryBackend`` maps them back to the same exception."""
 from __future__ import annotations
 
 from prme.schemas.errors import (
+    AppendUnconfirmed,
     ConfigurationError,
     ConsistencyTimeout,
     EmbeddingMismatch,
@@ -28,6 +29,7 @@ ERROR_STATUS: list[tuple[type[PRMEError], int, str]] = [
     (WriteUnconfirmed, 504, "write_unconfirmed"),
     (ConsistencyTimeout, 504, "consistency_timeout"),
     (ShardUnavailable, 503, "shard_unavailable"),
+    (AppendUnconfirmed, 504, "append_unconfirmed"),
     (TransportError, 503, "transport_unavailable"),
     (ConfigurationError, 500, "configuration_error"),
 ]

@@ -28,7 +28,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     503: "shard_unavailable / transport_unavailable: the owner is not projected by this "
     "process, the projector stopped, or the log is unreachable",
     504: "consistency_timeout: a write or the after token was not applied within "
-    "query.consistency_timeout_s",
+    "query.consistency_timeout_s; append_unconfirmed: the log did not confirm the write in "
+    "time and may still take it (retry with the same request_id)",
 }
 
 

@@ -54,6 +54,12 @@ class TransportError(PRMEError):
     """The log transport failed (broker unreachable, file locked, ...)."""
 
 
+class AppendUnconfirmed(TransportError):
+    """The log did not confirm an append in time, and it may still take it: the records
+    stay queued in the producer and reach the log if a broker takes them later. Nothing
+    tells which; a retry with the same ``request_id`` is written once."""
+
+
 class NotFound(PRMEError, LookupError):
     """The requested event or node does not exist for this owner."""
 

@@ -26,10 +26,12 @@ from prme.producers.ingest import ingest_lines
 from prme.producers.kafka_changelog import KafkaChangelog
 from prme.producers.producer import MessageDraft, Producer
 from prme.producers.sealing import keys_for
+from prme.producers.transport import LogItem
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.runner import ProjectorRunner
 from prme.projectors.vector_changelog import ChangelogKey
 from prme.schemas.config import Settings
+from prme.schemas.errors import AppendUnconfirmed
 from prme.schemas.records import Message
 from prme.schemas.sealing import Sealer
 
@@ -387,4 +389,38 @@ async def test_erasing_an_owner_leaves_no_changelog_entry_of_theirs_after_compac
     finally:
         await runner.close()
         await changelog.close()
+        await transport.close()
+
+
+@pytest.mark.asyncio
+async def test_an_append_the_brokers_do_not_confirm_says_it_may_still_land(
+    kafka_cluster: KafkaCluster, tmp_path: Path
+) -> None:
+    """From an operator trial: with two of three brokers down (min ISR 2) an append timed
+    out as `transport_unavailable`, and the record reached the log once the brokers came
+    back (aiokafka keeps it queued): the client was told it failed. It now says the log may
+    still take it (`AppendUnconfirmed`, HTTP 504 `append_unconfirmed`)."""
+    topic = f"prme-unconfirmed-{uuid.uuid4().hex[:10]}"
+    settings = cluster_settings(kafka_cluster, topic, tmp_path, request_timeout_s=4.0)
+    transport = open_transport(settings)
+    await transport.start()
+    try:
+        await transport.append(LogItem(b"owner", b"before"))
+        kafka_cluster.kill(1)
+        kafka_cluster.kill(2)
+        try:
+            with pytest.raises(AppendUnconfirmed, match="may still be appended"):
+                await transport.append(LogItem(b"owner", b"unconfirmed"))
+        finally:
+            kafka_cluster.start(1)
+            kafka_cluster.start(2)
+        partition = transport.partition_for(b"owner")
+        deadline = time.monotonic() + 120
+        values: list[bytes] = []
+        while b"unconfirmed" not in values:
+            assert time.monotonic() < deadline, values
+            await asyncio.sleep(0.5)  # poll interval while the producer delivers it
+            values = [entry.value for entry in await transport.read(partition, 0, 10)]
+        assert values == [b"before", b"unconfirmed"]
+    finally:
         await transport.close()
