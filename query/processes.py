@@ -91,13 +91,24 @@ def _serve_children(
         return subprocess.Popen(command, env=env, pass_fds=(public.fileno(), sock.fileno()))
 
     announced = f"prme serve: {processes} processes on http://{shown}:{port} ({', '.join(urls)})"
-    return supervise(start, processes, announced)
+
+    def stop_listening() -> None:  # the children close their copies as they stop
+        for sock in sockets:
+            sock.close()
+
+    return supervise(start, processes, announced, on_stop=stop_listening)
 
 
 def supervise(
-    start: Callable[[int], subprocess.Popen[bytes]], count: int, announced: str = ""
+    start: Callable[[int], subprocess.Popen[bytes]],
+    count: int,
+    announced: str = "",
+    *,
+    on_stop: Callable[[], None] = lambda: None,
 ) -> int:
-    """Run ``count`` children (``start(i)``) until SIGINT/SIGTERM, forwarded to them;
+    """Run ``count`` children (``start(i)``) until SIGINT/SIGTERM, forwarded to them
+    (``on_stop`` runs first: the parent stops listening, so a connection nobody will
+    serve is refused rather than queued and reset);
     the first failure's exit status, else 0. A child that exits on its own is started
     again (as gunicorn does its workers: its partitions would otherwise answer 503, or
     move to the others, for good); more than ``RESTARTS_PER_MINUTE`` such exits in a
@@ -107,7 +118,7 @@ def supervise(
         children.extend(start(index) for index in range(count))
         if announced:
             print(announced, file=sys.stderr, flush=True)
-        return _supervise(children, start, forward_signals(children))
+        return _supervise(children, start, forward_signals(children, on_stop))
     finally:
         for child in children:
             if child.poll() is None:
@@ -173,9 +184,11 @@ def _terminate(children: list[subprocess.Popen[bytes]]) -> None:
                 os.kill(child.pid, signal.SIGTERM)
 
 
-def forward_signals(children: list[subprocess.Popen[bytes]]) -> threading.Event:
-    """This process's first SIGINT or SIGTERM becomes one SIGTERM to each child; the
-    event returned is set from then on."""
+def forward_signals(
+    children: list[subprocess.Popen[bytes]], on_stop: Callable[[], None] = lambda: None
+) -> threading.Event:
+    """This process's first SIGINT or SIGTERM runs ``on_stop``, then becomes one SIGTERM
+    to each child; the event returned is set from then on."""
     stopping = threading.Event()
 
     def forward(signum: int, frame: object) -> None:
@@ -183,6 +196,7 @@ def forward_signals(children: list[subprocess.Popen[bytes]]) -> threading.Event:
         # covers a signal sent to this process alone. Children stop on the first signal.
         if not stopping.is_set():
             stopping.set()
+            on_stop()
             _terminate(children)
 
     signal.signal(signal.SIGINT, forward)

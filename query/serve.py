@@ -41,8 +41,9 @@ async def run_server(
     check_url: bool = True,
 ) -> None:
     """Serve ``settings.data_dir`` on ``settings.service.host:port`` (or on ``sockets``,
-    already bound) until SIGINT/SIGTERM or until ``shutdown`` is set. ``check_url``: a
-    member first asks its advertised URL whether it reaches it (query/advertised_check.py).
+    already bound, closed once it stops) until SIGINT/SIGTERM or until ``shutdown`` is
+    set. ``check_url``: a member first asks its advertised URL whether it reaches it
+    (query/advertised_check.py).
 
     Raises ConfigurationError before opening anything when the service would listen on a
     non-loopback address without API keys.
@@ -95,7 +96,7 @@ async def _serve(
             lifespan="off",
             server_header=False,
         )
-        server = _ClosingServer(config)
+        server = _ClosingServer(config, sockets)
         watcher = asyncio.create_task(_stop_on(shutdown, server)) if shutdown else None
         try:
             await server.serve(sockets=_tcp_sockets(sockets))
@@ -114,7 +115,20 @@ class _ClosingServer(uvicorn.Server):
     action then killed the process before the engine was closed, and SIGINT cancelled the
     close half way, so a node stopped on purpose left its group only by the session
     timeout, like a crashed one. Here the signal only stops the server; ``run_server``
-    closes the engine and returns."""
+    closes the engine and returns.
+
+    Its shutdown first closes the listening sockets it was given (uvicorn closes only the
+    duplicates it serves): while one stayed open the kernel kept accepting connections
+    nobody would serve, and reset them when the process exited; now they are refused."""
+
+    def __init__(self, config: uvicorn.Config, listening: Sequence[socket.socket]) -> None:
+        super().__init__(config)
+        self._listening = list(listening)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for sock in self._listening:
+            sock.close()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:

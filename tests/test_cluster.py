@@ -8,10 +8,12 @@ import contextlib
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -673,3 +675,46 @@ def test_a_partition_that_moves_away_becomes_a_standby_without_reopening(
             assert "Traceback" not in first.log()
             for i in range(12):  # the copies follow their new owner's writes
                 assert second.post("/v1/memories", {"user_id": f"h{i}", "content": "k"}).is_success
+
+
+def test_a_node_stopping_refuses_new_connections_instead_of_resetting_them(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """From an operator trial: after SIGTERM uvicorn stopped accepting, but the node's
+    listening socket stayed open until its requests in flight had finished and the engine
+    had closed: the kernel accepted connections nobody served and reset them then, so a
+    write sent on one left its client guessing. Now they are refused at once."""
+    topic = f"stopping-{uuid.uuid4().hex[:8]}"
+    node = Node(tmp_path, "stopping", node_env(kafka_bootstrap, topic, f"{topic}-group"))
+    request = b"GET /v1/health HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n"
+    with running([node]), ThreadPoolExecutor(1) as pool:
+        wait_ready([node])
+        partition = wait_split([node], PARTITIONS)["members"][0]["partitions"][0]
+        in_flight = pool.submit(  # waits 4 s for an offset nobody writes
+            httpx.post,
+            node.url + "/v1/cluster/wait",
+            json={"partition": partition, "offset": 10**9, "timeout_s": 4.0},
+            headers={"x-prme-cluster-secret": SECRET, "x-prme-forwarded-caller": "*"},
+            timeout=30,
+        )
+        time.sleep(0.5)  # the wait has reached the node
+        assert node.process is not None
+        node.process.send_signal(signal.SIGTERM)
+        outcomes: Counter[str] = Counter()
+        deadline = time.monotonic() + 2.0  # well inside the wait in flight
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", node.port), timeout=5) as conn:
+                    conn.settimeout(1.0)
+                    conn.sendall(request)
+                    answer = conn.recv(64)
+                outcomes["answered" if answer.startswith(b"HTTP/1.1") else "dropped"] += 1
+            except ConnectionRefusedError:
+                outcomes["refused"] += 1
+            except (ConnectionResetError, TimeoutError, BrokenPipeError):
+                outcomes["dropped"] += 1
+        assert in_flight.result().status_code == 504  # served to its end, not cut off
+        assert node.process.wait(timeout=60) == 0, node.log()
+    # At most the one connection in the accept queue at the instant the node stops
+    # listening is reset; before, every connection for the 4 s was accepted and dropped.
+    assert outcomes["dropped"] <= 1 and outcomes["refused"] > 10, outcomes
