@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import uuid_utils
 
+from prme.projectors.embeddings.cached import CachedEmbeddingProvider
 from prme.projectors.embeddings.protocol import document_query_encoder
 from prme.projectors.model import ModelClosed
 from prme.projectors.runner import ProjectorRunner
@@ -177,6 +178,7 @@ class Retriever:
         vector_channel = asyncio.create_task(
             self._vector_channel(
                 shard,
+                owner,
                 analysis.vector_query,
                 clock,
                 lambda vector, m: m.search(vector, owner, scope, limit, include_archived),
@@ -221,6 +223,7 @@ class Retriever:
     async def _vector_channel(
         self,
         shard: Shard,
+        owner: str,
         query: str,
         clock: Stopwatch,
         search: Callable[[list[float], Any], Any],
@@ -229,7 +232,7 @@ class Retriever:
         when the model says it is worth it (``search_beside``), else (or when a rebuild
         swapped the model meanwhile) on the shard's thread, after the other channels; no
         search when the query could not be embedded."""
-        embedded = await self._embed(shard, query, clock)
+        embedded = await self._embed(shard, owner, query, clock)
         vector = embedded.vector
         if vector is None:
             return embedded, {}
@@ -247,7 +250,7 @@ class Retriever:
                 pass  # swapped by a rebuild: the shard's thread has its replacement
         return embedded, await shard.run(_search_all, shard.models, {"vector": searched})
 
-    async def _embed(self, shard: Shard, query: str, clock: Stopwatch) -> _Embedded:
+    async def _embed(self, shard: Shard, owner: str, query: str, clock: Stopwatch) -> _Embedded:
         started = time.perf_counter()
         provider = self._runner.provider
         embed_query = getattr(provider, "embed_query", None)
@@ -267,7 +270,9 @@ class Retriever:
                 ),
             )
         try:
-            if embed_query is not None:
+            if isinstance(provider, CachedEmbeddingProvider):  # the owner's own entries
+                vector = await provider.embed_query(query, owner=owner)
+            elif embed_query is not None:
                 vector = list(await embed_query(query))
             else:
                 vector = list((await document_query_encoder(provider)([query]))[0])

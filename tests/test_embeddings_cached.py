@@ -110,16 +110,29 @@ async def test_query_and_document_entries_are_separate_when_the_provider_has_emb
     assert inner.query_calls == ["aurora"] and inner.document_calls == [["aurora"]]
 
 
-async def test_queries_share_document_entries_when_the_provider_has_no_embed_query() -> None:
+async def test_a_query_reads_neither_documents_nor_another_owners_queries() -> None:
+    """From a review: a query found the vector of a text another owner stored (or an
+    erased owner asked) at once, and counted a hit on the open /metrics: an oracle for
+    exactly what others wrote. Queries are encoded as documents (the same vectors) but
+    cached per owner, apart from documents; an erasure drops the owner's entries."""
     inner = Recorder()
     cached = CachedEmbeddingProvider(inner)
     assert not cached.has_query_encoder
-    query = await cached.embed_query("aurora")
-    assert query == inner.vector("aurora")
-    assert inner.document_calls == [["aurora"]]
-    assert await cached.embed(["aurora"]) == [query]
-    assert await cached.embed_query("aurora") == query
-    assert inner.document_calls == [["aurora"]]
+    assert await cached.embed(["bob's diagnosis"]) == [inner.vector("bob's diagnosis")]
+    hits = cached.cache_info().hits
+    query = await cached.embed_query("bob's diagnosis", owner="alice")
+    assert query == inner.vector("bob's diagnosis")
+    assert cached.cache_info().hits == hits  # encoded again, not read from bob's entry
+    assert inner.document_calls == [["bob's diagnosis"], ["bob's diagnosis"]]
+    assert await cached.embed_query("bob's diagnosis", owner="alice") == query
+    assert cached.cache_info().hits == hits + 1  # alice's own entry
+    await cached.embed_query("bob's diagnosis", owner="carol")
+    assert len(inner.document_calls) == 3  # carol's is her own
+    cached.forget_owner("alice")
+    await cached.embed_query("bob's diagnosis", owner="alice")
+    assert len(inner.document_calls) == 4
+    assert await cached.embed(["bob's diagnosis"]) == [inner.vector("bob's diagnosis")]
+    assert len(inner.document_calls) == 4  # the document entry is bob's projection's
 
 
 async def test_a_failed_query_encoder_fails_and_stores_nothing() -> None:

@@ -164,19 +164,20 @@ class InteractiveProvider(CountingProvider):
         return await HashedBagOfWordsProvider.embed(self, texts)
 
 
-async def test_queries_take_the_interactive_path_and_share_entries_with_documents() -> None:
+async def test_queries_take_the_interactive_path_apart_from_documents() -> None:
     inner = InteractiveProvider()
     cached = CachedEmbeddingProvider(inner)
     reference = HashedBagOfWordsProvider(dimension=8)
     questions = await asyncio.gather(*(cached.embed_query(f"q{i}") for i in range(3)))
     assert inner.interactive == [["q0", "q1", "q2"]] and inner.calls == []
     assert questions == await reference.embed(["q0", "q1", "q2"])
-    # Documents take embed; a query's entry answers a document of the same text ...
+    # Documents take embed and never read a query's entry, nor a query a document's.
     assert await cached.embed(["q1", "a document"]) == await reference.embed(["q1", "a document"])
-    assert inner.calls == [["a document"]]
-    # ... and a document's entry answers a query.
+    assert inner.calls == [["q1", "a document"]]
     assert await cached.embed_query("a document") == (await reference.embed(["a document"]))[0]
-    assert len(inner.interactive) == 1 and len(inner.calls) == 1
+    assert inner.interactive == [["q0", "q1", "q2"], ["a document"]]
+    assert await cached.embed_query("q1") == questions[1]  # the query's own entry
+    assert len(inner.interactive) == 2
 
 
 def test_callers_on_two_event_loops_are_batched_apart_and_answered_on_their_own() -> None:

@@ -339,3 +339,27 @@ async def test_a_vector_store_waiting_for_its_rebuild_still_forgets_an_erased_ow
         assert files_holding(data_dir, alice) == []
         found = await engine.retrieve(f"vault code {bob}", BOB)
         assert any(bob in result.text for result in found.results)
+
+
+def test_a_retrieve_finds_no_other_owners_text_in_the_embedding_cache(tmp_path: Path) -> None:
+    """From a review: the query path read the cache's document entries, so a retrieve of
+    exactly a text another owner stored (erased or not) was a cache hit, counted on the
+    open /metrics and ~5 ms faster. A query's entries are its owner's, and go with the
+    owner's erasure."""
+    from prme.projectors.embeddings.cached import CachedEmbeddingProvider
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+    from prme.query.sync_client import MemoryClient
+
+    cached = CachedEmbeddingProvider(HashedBagOfWordsProvider())
+    secret = "My test came back positive on March 3"
+    with MemoryClient(tmp_path / "pack", embedding_provider=cached) as memory:
+        memory.store(secret, user_id="bob")
+        memory.retrieve(secret, user_id="bob")
+        hits = cached.cache_info().hits
+        memory.retrieve(secret, user_id="alice")
+        assert cached.cache_info().hits == hits
+        memory.retrieve(secret, user_id="alice")
+        assert cached.cache_info().hits == hits + 1  # alice's own question, asked again
+        entries = cached.cache_info().entries
+        memory.erase_owner("alice")
+        assert cached.cache_info().entries == entries - 1
