@@ -102,7 +102,7 @@ def plan_cluster(
     with the most caught-up copy of it (a standby), then to the least loaded member.
     A member with an empty URL (a ``prme project`` worker) projects but is not routed to.
     Standbys per partition: the most that ``standby_replicas`` or any claim asks for, on
-    members that hold standbys."""
+    members that hold standbys (``plan_standbys``)."""
     ordered = sorted(claims, key=lambda m: (claims[m].url, m))
     todo = sorted(set(partitions))
     if not ordered:
@@ -125,32 +125,79 @@ def plan_cluster(
             key=lambda m: (claims[m].warm.get(partition, -1), -len(owned[m]), claims[m].url),
         )
         owned[best].append(partition)
-    standbys: dict[str, list[int]] = {m: [] for m in ordered}
     replicas = max([standby_replicas, *(claims[m].standby_replicas for m in ordered)])
-    owner_of = {p: m for m in ordered for p in owned[m]}
-    # (standby member, owner) -> how many of that owner's partitions it backs: spread
-    # evenly, so when an owner dies each survivor has room for the standbys it holds.
-    backing: dict[tuple[str, str], int] = {}
-    for partition in todo:
-        owner = owner_of[partition]
-        others = [m for m in ordered if m != owner and claims[m].holds_standbys]
-        others.sort(
-            key=lambda m: (
-                -claims[m].warm.get(partition, -1),
-                backing.get((m, owner), 0),
-                len(standbys[m]) + len(owned[m]),
-                claims[m].url,
-            )
-        )
-        for member in others[:replicas]:
-            standbys[member].append(partition)
-            backing[(member, owner)] = backing.get((member, owner), 0) + 1
+    standbys = plan_standbys(claims, owned, replicas)
     return {
-        m: ClusterMember(
-            url=claims[m].url, partitions=sorted(owned[m]), standbys=sorted(standbys[m])
-        )
+        m: ClusterMember(url=claims[m].url, partitions=sorted(owned[m]), standbys=standbys[m])
         for m in ordered
     }
+
+
+def plan_standbys(
+    claims: Mapping[str, MemberClaim], owned: Mapping[str, list[int]], replicas: int
+) -> dict[str, list[int]]:
+    """Standbys per member, given the owners (``owned``, every member of ``claims``):
+    ``replicas`` copies of each partition on members other than its owner that hold
+    standbys. Priorities, in order: the members' standby counts differ by at most one
+    (Kafka Streams balances standby load the same way: the member that joined last held
+    none when the most caught-up copy came first); each owner's partitions are backed
+    evenly by the others, so when an owner dies each survivor takes its share from
+    standbys; a copy stays where it is warm (caught up); the least loaded member."""
+    ordered = sorted(claims, key=lambda m: (claims[m].url, m))
+    holders = [m for m in ordered if claims[m].holds_standbys]
+    owner_of = {p: m for m in ordered for p in owned[m]}
+    copies = {
+        p: min(replicas, sum(1 for h in holders if h != owner)) for p, owner in owner_of.items()
+    }
+    held: dict[str, set[int]] = {m: set() for m in ordered}
+    # supply[h]: partitions with copies still to place that h could take (not its own,
+    # not already held): a member whose supply is down to its remaining target must take
+    # the next one it can, or the counts end up uneven.
+    supply = {h: sum(1 for p, n in copies.items() if n and owner_of[p] != h) for h in holders}
+    target = _standby_targets(holders, owned, supply, sum(copies.values()))
+    left = dict(copies)
+    backing: dict[tuple[str, str], int] = {}
+    for partition in sorted(copies):
+        owner = owner_of[partition]
+        for _ in range(copies[partition]):
+            candidates = [h for h in holders if h != owner and partition not in held[h]]
+
+            def rank(h: str, partition: int = partition, owner: str = owner) -> tuple:
+                need = target[h] - len(held[h])
+                return (
+                    need <= 0,
+                    need < supply[h],
+                    backing.get((h, owner), 0),
+                    -claims[h].warm.get(partition, -1),
+                    len(held[h]) + len(owned[h]),
+                    claims[h].url,
+                    h,
+                )
+
+            best = min(candidates, key=rank)
+            held[best].add(partition)
+            backing[(best, owner)] = backing.get((best, owner), 0) + 1
+            supply[best] -= 1
+            left[partition] -= 1
+            if left[partition] == 0:
+                for h in holders:
+                    if h != owner and partition not in held[h]:
+                        supply[h] -= 1
+    return {m: sorted(held[m]) for m in ordered}
+
+
+def _standby_targets(
+    holders: list[str], owned: Mapping[str, list[int]], room: Mapping[str, int], total: int
+) -> dict[str, int]:
+    """How many standbys each holder gets: ``total`` spread to within one, the larger
+    shares to the holders that own the fewest partitions, none past its ``room``."""
+    target = dict.fromkeys(holders, 0)
+    for _ in range(total):
+        open_ = [h for h in holders if target[h] < room[h]]
+        if not open_:
+            break
+        target[min(open_, key=lambda h: (target[h], len(owned[h])))] += 1
+    return target
 
 
 class ClusterAssignor(AbstractPartitionAssignor):

@@ -675,6 +675,25 @@ def test_a_partition_that_moves_away_becomes_a_standby_without_reopening(
             assert "Traceback" not in first.log()
             for i in range(12):  # the copies follow their new owner's writes
                 assert second.post("/v1/memories", {"user_id": f"h{i}", "content": "k"}).is_success
+            # A third node joins last, with no copies: it gets its share of the standbys
+            # (found by a cluster trial: it held none while the others kept every copy).
+            third = Node(tmp_path, "third", env, args=["--standby-replicas", "1"])
+            with running([third]):
+                nodes = [first, second, third]
+                wait_ready(nodes)
+                wait_split(nodes, PARTITIONS)
+                deadline = time.monotonic() + 60
+                while True:
+                    views = [node.get("/v1/cluster").json() for node in nodes]
+                    spread = {m["url"]: m["standbys"] for m in views[-1]["members"]}
+                    held = [sorted(int(p) for p in v["standbys"]) for v in views]
+                    if [len(spread[n.url]) for n in nodes] == [4, 4, 4] and held == [
+                        spread[n.url] for n in nodes
+                    ]:
+                        break
+                    assert time.monotonic() < deadline, (views, third.log())
+                    time.sleep(0.2)  # poll interval while the group rebalances
+                assert "Traceback" not in third.log()
 
 
 def test_a_node_stopping_refuses_new_connections_instead_of_resetting_them(

@@ -187,3 +187,61 @@ def test_of_members_advertising_one_url_the_one_that_owned_partitions_keeps_it()
     kept = handed.member("http://a")
     assert kept is not None and kept.partitions == [0, 1]
     assert sorted(p for m in handed.members for p in m.partitions) == [0, 1, 2, 3]
+
+
+def test_standbys_spread_over_every_node_when_one_joined_last_without_copies() -> None:
+    """Found by a cluster trial: after a rolling restart of three nodes with one standby
+    each, the node that joined last held no standbys in 5 of 5 maps (the most caught-up
+    copy came first), and killing node 1 then made node 3 take two partitions cold."""
+    claims = {
+        "n1": MemberClaim(
+            url="http://n1",
+            owned=[0, 1, 4, 7],
+            warm=dict.fromkeys([0, 1, 4, 7, 2, 3, 5, 6, 8, 10], 500),
+        ),
+        "n2": MemberClaim(
+            url="http://n2",
+            owned=[2, 3, 5, 6],
+            warm=dict.fromkeys([2, 3, 5, 6, 0, 1, 4, 7, 9, 11], 500),
+        ),
+        "n3": MemberClaim(url="http://n3", owned=[8, 9, 10, 11]),
+    }
+    plan = plan_cluster(claims, range(12), standby_replicas=1)
+    assert [owned(plan, m) for m in plan] == [[0, 1, 4, 7], [2, 3, 5, 6], [8, 9, 10, 11]]
+    assert [len(plan[m].standbys) for m in plan] == [4, 4, 4], plan
+    for owner in plan:  # whichever node dies, each survivor takes its share from standbys
+        backed = [
+            sum(p in plan[m].standbys for p in plan[owner].partitions) for m in plan if m != owner
+        ]
+        assert backed == [2, 2], (owner, plan)
+    # the copies already warm stay where they are as far as the spread allows
+    assert set(plan["n1"].standbys) <= set(claims["n1"].warm)
+    assert set(plan["n2"].standbys) <= set(claims["n2"].warm)
+    # n1 dies: n2 and n3 share its partitions, every one of them from a standby
+    survivors = {
+        m: MemberClaim(
+            url=claims[m].url, owned=owned(plan, m), warm=dict.fromkeys(plan[m].standbys, 900)
+        )
+        for m in ("n2", "n3")
+    }
+    after = plan_cluster(survivors, range(12), standby_replicas=1)
+    for m in survivors:
+        taken = set(owned(after, m)) - set(owned(plan, m))
+        assert taken <= set(plan[m].standbys), (m, plan, after)
+
+
+def test_standby_counts_stay_within_one_for_uneven_shapes() -> None:
+    for nodes, partitions, replicas in [(3, 12, 2), (4, 10, 1), (5, 12, 2), (2, 7, 1), (4, 13, 3)]:
+        names = [f"m{i}" for i in range(nodes)]
+        # the first member held everything before the others joined
+        claims = {m: MemberClaim(url=f"http://{m}") for m in names}
+        claims[names[0]] = MemberClaim(
+            url="http://m0", owned=list(range(partitions)), warm=dict.fromkeys(range(partitions), 9)
+        )
+        plan = plan_cluster(claims, range(partitions), standby_replicas=replicas)
+        counts = [len(plan[m].standbys) for m in names]
+        assert max(counts) - min(counts) <= 1, (nodes, partitions, replicas, plan)
+        for p in range(partitions):
+            holders = [m for m in names if p in plan[m].standbys]
+            assert len(holders) == min(replicas, nodes - 1), (p, plan)
+            assert all(p not in owned(plan, m) for m in holders)
