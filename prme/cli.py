@@ -526,7 +526,9 @@ def _status(args: argparse.Namespace) -> int:
     else:
         print(render_status(status))
     # A member the group refused is a misconfigured cluster: a health check should say so.
-    return 1 if status.get("refused") or status.get("duplicates") else 0
+    return (
+        1 if status.get("refused") or status.get("duplicates") or status.get("other_topic") else 0
+    )
 
 
 def render_status(status: dict[str, Any]) -> str:
@@ -558,6 +560,12 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"REFUSED {url}: no partitions, {SECRET_REFUSED}")
     for url in status.get("duplicates") or []:
         lines.append(f"REFUSED a second node at {url}: no partitions, {DUPLICATE_URL}")
+    for member in status.get("other_topic") or []:
+        lines.append(
+            f"REFUSED {member['url'] or 'a worker'}: no partitions, it reads the topic "
+            f"{member['topic']!r}, the group reads {status.get('topic')!r} (PRME_LOG__TOPIC "
+            "must be the same on every node of a group)"
+        )
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from prme.schemas.cluster import (
     ClusterMap,
     ClusterMember,
     MemberClaim,
+    TopicRefused,
 )
 
 from .kafka_common import bounded
@@ -69,6 +70,23 @@ def refused_members(claims: Mapping[str, MemberClaim]) -> set[str]:
         "gave no partitions to %s: %s", sorted(serving[m].url for m in refused), SECRET_REFUSED
     )
     return refused
+
+
+def group_topic(
+    subscriptions: Mapping[str, Iterable[str]], claims: Mapping[str, MemberClaim], own: str
+) -> str:
+    """The topic the group reads when its members subscribe to different ones (a node
+    started with another ``PRME_LOG__TOPIC``): the one the most members subscribe to, then
+    the one whose members owned the most partitions in the last generation (the running
+    cluster), then the leader's ``own``, then the first by name."""
+    support: dict[str, tuple[int, int]] = {}
+    for member, topics in subscriptions.items():
+        for topic in set(topics):
+            members, owned = support.get(topic, (0, 0))
+            support[topic] = (members + 1, owned + len(claims[member].owned))
+    if not support:
+        return own
+    return min(support, key=lambda t: (-support[t][0], -support[t][1], t != own, t))
 
 
 def duplicate_members(claims: Mapping[str, MemberClaim]) -> set[str]:
@@ -202,7 +220,8 @@ def _standby_targets(
 
 class ClusterAssignor(AbstractPartitionAssignor):
     """The aiokafka assignor of a PRME node. Every member of the group must use it (the
-    group refuses members that share no assignor)."""
+    group refuses members that share no assignor). ``topic`` is the node's own: as the
+    leader it plans the topic of the group (``group_topic``), which may be another."""
 
     version = 0
 
@@ -236,11 +255,22 @@ class ClusterAssignor(AbstractPartitionAssignor):
                 claims[member_id] = _claims.decode(metadata.user_data)
             except msgspec.DecodeError:  # a member of an older PRME: a worker, no URL
                 claims[member_id] = MemberClaim(url="")
-        partitions = sorted(cluster.partitions_for_topic(self._topic) or ())
-        refused = refused_members(claims)
-        duplicates = duplicate_members({m: c for m, c in claims.items() if m not in refused})
+        subscriptions = {m: list(metadata.subscription) for m, metadata in members.items()}
+        topic = group_topic(subscriptions, claims, self._topic)
+        elsewhere = {m for m, topics in subscriptions.items() if topic not in topics}
+        if elsewhere:
+            _log.error(
+                "gave no partitions to %s: they read another topic than the group's %r "
+                "(PRME_LOG__TOPIC must be the same on every node of a group)",
+                sorted(f"{claims[m].url or m} on {','.join(subscriptions[m])}" for m in elsewhere),
+                topic,
+            )
+        on_topic = {m: c for m, c in claims.items() if m not in elsewhere}
+        partitions = sorted(cluster.partitions_for_topic(topic) or ())
+        refused = refused_members(on_topic)
+        duplicates = duplicate_members({m: c for m, c in on_topic.items() if m not in refused})
         planned = plan_cluster(
-            {m: c for m, c in claims.items() if m not in refused | duplicates},
+            {m: c for m, c in on_topic.items() if m not in refused | duplicates},
             partitions,
             self._standby_replicas,
         )
@@ -253,6 +283,18 @@ class ClusterAssignor(AbstractPartitionAssignor):
             members=sorted([*listed, *(planned[m] for m in refused)], key=lambda m: m.url),
             refused=sorted(claims[m].url for m in refused),
             duplicates={claims[m].instance: claims[m].url for m in duplicates},
+            topic=topic,
+            other_topic=sorted(
+                (
+                    TopicRefused(
+                        url=claims[m].url,
+                        instance=claims[m].instance,
+                        topic=",".join(subscriptions[m]),
+                    )
+                    for m in elsewhere
+                ),
+                key=lambda r: (r.url, r.instance),
+            ),
         )
         encoded = msgspec.json.encode(cluster_map)
         _log.info(
@@ -260,9 +302,13 @@ class ClusterAssignor(AbstractPartitionAssignor):
             generation,
             {m.url: m.partitions for m in cluster_map.members},
         )
+        # Kafka lets a member be assigned only partitions of topics it subscribes to (the
+        # member's consumer fails its assertion otherwise): one on another topic gets none.
         return {
             member_id: ConsumerProtocolMemberAssignment(
-                self.version, [(self._topic, planned[member_id].partitions)], encoded
+                self.version,
+                [] if member_id in elsewhere else [(topic, planned[member_id].partitions)],
+                encoded,
             )
             for member_id in members
         }

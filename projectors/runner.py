@@ -30,6 +30,7 @@ from prme.schemas.cluster import (
     SECRET_REFUSED,
     ClusterMap,
     MemberClaim,
+    other_topic_refusal,
     secret_tag,
 )
 from prme.schemas.config import Settings
@@ -367,10 +368,16 @@ class ProjectorRunner:
 
     @property
     def refusal(self) -> str | None:
-        """Why the group gave this node nothing: its cluster secret is not the others', or
-        another member advertises its URL. None when it was not refused."""
+        """Why the group gave this node nothing: it reads another topic than the group's,
+        its cluster secret is not the others', or another member advertises its URL. None
+        when it was not refused."""
         cluster_map = self.cluster_map
-        if not self.url or cluster_map is None:
+        if cluster_map is None:
+            return None
+        for member in cluster_map.other_topic:  # a `prme project` worker too
+            if member.instance == self.instance:
+                return other_topic_refusal(member.topic, cluster_map)
+        if not self.url:
             return None
         if self.instance in cluster_map.duplicates:
             return DUPLICATE_URL

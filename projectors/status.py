@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from prme.schemas.cluster import TopicRefused
 from prme.schemas.metrics import Metrics, transport_label
 
 from .runner import ProjectorRunner
@@ -98,6 +99,10 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Nodes the group gave nothing because their cluster secret is not the others'."""
     duplicates: list[str] = []
     """URLs of nodes the group gave nothing because another member advertises them too."""
+    topic: str = ""
+    """The topic the group reads (its map's)."""
+    other_topic: list[TopicRefused] = []
+    """Nodes the group gave nothing because they read another topic."""
 
 
 async def node_status(runner: ProjectorRunner) -> NodeStatus:
@@ -125,6 +130,8 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
         duplicates=[]
         if runner.cluster_map is None
         else sorted(runner.cluster_map.duplicates.values()),
+        topic="" if runner.cluster_map is None else runner.cluster_map.topic,
+        other_topic=[] if runner.cluster_map is None else list(runner.cluster_map.other_topic),
     )
 
 

@@ -13,7 +13,7 @@ import msgspec
 
 from prme.producers.producer import MAX_REASON_CHARS, MessageDraft, check_content, check_history
 from prme.producers.transport import Position
-from prme.schemas.cluster import ClusterMember
+from prme.schemas.cluster import ClusterMember, TopicRefused
 from prme.schemas.errors import InvalidInput
 from prme.schemas.records import Role
 
@@ -258,6 +258,10 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     """Nodes the group gave nothing because their cluster secret is not the others'."""
     duplicates: list[str] = []
     """URLs of nodes the group gave nothing because another member advertises them too."""
+    topic: str = ""
+    """The topic the group reads, whose partitions the map covers."""
+    other_topic: list[TopicRefused] = []
+    """Nodes the group gave nothing because they read another topic."""
     owned: list[int]
     """Partitions this node owns now."""
     serving: list[int]

@@ -427,6 +427,8 @@ async def cluster(engine: EngineDep) -> ClusterView:
         members=[] if cluster_map is None else list(cluster_map.members),
         refused=[] if cluster_map is None else list(cluster_map.refused),
         duplicates=[] if cluster_map is None else sorted(cluster_map.duplicates.values()),
+        topic="" if cluster_map is None else cluster_map.topic,
+        other_topic=[] if cluster_map is None else list(cluster_map.other_topic),
         owned=sorted(here.shards),
         serving=sorted(p for p in here.shards if here.serving(p)),
         standbys=here.standbys.positions(),

@@ -22,6 +22,17 @@ class ClusterMember(msgspec.Struct, frozen=True, kw_only=True):
     """Partitions this node keeps warm copies of, applied continuously, not served."""
 
 
+class TopicRefused(msgspec.Struct, frozen=True, kw_only=True):
+    """A member the group gave nothing because it subscribes to another topic than the
+    group's (a node started with another ``PRME_LOG__TOPIC``)."""
+
+    url: str
+    instance: str
+    """Its ``MemberClaim.instance``: workers share the empty URL."""
+    topic: str
+    """The topic (or topics, comma-separated) it subscribes to."""
+
+
 class ClusterMap(msgspec.Struct, frozen=True, kw_only=True):
     """Partition -> owner URL for one generation of the group."""
 
@@ -36,6 +47,12 @@ class ClusterMap(msgspec.Struct, frozen=True, kw_only=True):
     """``MemberClaim.instance`` -> URL of members given nothing because another member
     advertises the same URL (the one that keeps it is listed in ``members``): requests
     routed to that URL would reach only one of them."""
+    topic: str = ""
+    """The topic whose partitions the map covers: the group's, when its members subscribe
+    to different topics ("": a map from before it was named, or the embedded log)."""
+    other_topic: list[TopicRefused] = []
+    """Members given nothing because they subscribe to another topic than ``topic``: Kafka
+    may only assign a member partitions of topics it subscribes to."""
 
     def owner(self, partition: int) -> str | None:
         """The URL of the node that owns ``partition`` (None while nobody does)."""
@@ -94,6 +111,15 @@ DUPLICATE_URL = (
     "(PRME_CLUSTER__ADVERTISED_URL), one the other nodes reach it at"
 )
 """Why the group gave a node no partitions when another member advertises its URL."""
+
+
+def other_topic_refusal(topic: str, cluster_map: ClusterMap) -> str:
+    """Why the group gave a node that reads ``topic`` no partitions."""
+    return (
+        f"it reads the topic {topic!r}, the other nodes of its group read {cluster_map.topic!r} "
+        "(PRME_LOG__TOPIC must be the same on every node of a group, PRME_CLUSTER__GROUP: "
+        "give a node of another cluster a group of its own)"
+    )
 
 
 def secret_tag(secret: str | None) -> str:

@@ -523,6 +523,78 @@ def test_a_node_with_another_secret_gets_no_partitions_from_the_running_cluster(
             assert "gave no partitions to" in good.log() + lacking.log()
 
 
+def test_a_node_reading_another_topic_gets_no_partitions_and_nobody_crashes(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Found by an operator trial: a node started with another PRME_LOG__TOPIC in a
+    running cluster's group was assigned partitions of the cluster's topic and died
+    (aiokafka: "Received an assignment for unsubscribed topic"); started first, the next
+    correctly configured node died the same way. Now the group reads one topic, the
+    most members', and the leader gives the others nothing and names them."""
+    topic = f"topics-{uuid.uuid4().hex[:8]}"
+    group = f"{topic}-group"
+    other_topic = f"{topic}-other"
+    env = node_env(kafka_bootstrap, topic, group)
+    stray = Node(tmp_path, "stray", node_env(kafka_bootstrap, other_topic, group))
+    first, second = Node(tmp_path, "first", env), Node(tmp_path, "second", env)
+
+    def refused_in_map(nodes: list[Node], url: str) -> list[dict]:
+        deadline = time.monotonic() + 120
+        views: list[dict] = []
+        while True:
+            with contextlib.suppress(httpx.HTTPError):  # until it listens
+                views = [node.get("/v1/cluster").json() for node in nodes]
+                if all([r["url"] for r in v["other_topic"]] == [url] for v in views):
+                    return views
+            for node in (stray, first, second):
+                assert node.process is None or node.process.poll() is None, node.log()
+            assert time.monotonic() < deadline, f"never refused: {views}"
+            time.sleep(0.2)  # poll interval while the group rebalances
+
+    with running([stray]):
+        wait_ready([stray])
+        wait_split([stray], PARTITIONS)
+        with running([first]):  # one against one: the topic of the node that owned it
+            views = refused_in_map([stray, first], first.url)
+            assert {v["topic"] for v in views} == {other_topic}
+            ready = first.get("/v1/ready")
+            assert ready.status_code == 503, ready.text
+            assert f"it reads the topic '{topic}'" in ready.json()["detail"]
+            assert f"read '{other_topic}'" in ready.json()["detail"]
+            assert stray.get("/v1/ready").status_code == 200
+            with running([second]):  # two against one: the group moves to their topic
+                views = refused_in_map([stray, first, second], stray.url)
+                wait_ready([first, second])
+                view = wait_split([first, second], PARTITIONS)
+                assert view["topic"] == topic and view["other_topic"][0]["topic"] == other_topic
+                ready = stray.get("/v1/ready")
+                assert ready.status_code == 503 and other_topic in ready.json()["detail"]
+                status = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "prme.cli",
+                        "status",
+                        "--url",
+                        first.url,
+                        "--api-key",
+                        ADMIN_KEY,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                assert (
+                    f"REFUSED {stray.url}: no partitions, it reads the topic '{other_topic}'"
+                    in (status.stdout)
+                ), status.stdout + status.stderr
+                assert status.returncode == 1
+                for node in (stray, first, second):
+                    assert node.process is not None and node.process.poll() is None, node.log()
+                    assert "Traceback" not in node.log(), node.log()
+                assert "they read another topic than the group's" in stray.log() + first.log()
+
+
 def test_a_node_advertising_another_nodes_url_is_refused(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

@@ -13,7 +13,13 @@ from prme.producers.kafka_membership import (
     plan_cluster,
     refused_members,
 )
-from prme.schemas.cluster import ClusterMap, MemberClaim, secret_tag
+from prme.schemas.cluster import (
+    ClusterMap,
+    MemberClaim,
+    TopicRefused,
+    other_topic_refusal,
+    secret_tag,
+)
 
 
 def owned(plan: dict, member: str) -> list[int]:
@@ -245,3 +251,64 @@ def test_standby_counts_stay_within_one_for_uneven_shapes() -> None:
             holders = [m for m in names if p in plan[m].standbys]
             assert len(holders) == min(replicas, nodes - 1), (p, plan)
             assert all(p not in owned(plan, m) for m in holders)
+
+
+def assign_topics(
+    leader: str, claims: dict[str, MemberClaim], topics: dict[str, str]
+) -> tuple[dict, ClusterMap]:
+    """The assignment ``leader`` hands out when member m subscribes to ``topics[m]``
+    (prme.events has 12 partitions, trialb.other 8)."""
+    maps: list[ClusterMap] = []
+    assignor = ClusterAssignor(topics[leader], lambda: claims[leader], maps.append)
+    cluster = ClusterMetadata()
+    sizes = {"prme.events": 12, "trialb.other": 8}
+    cluster.partitions_for_topic = lambda topic: set(range(sizes[topic]))  # type: ignore[method-assign]
+    members = {
+        m: ConsumerProtocolMemberMetadata(0, [topics[m]], msgspec.json.encode(c))
+        for m, c in claims.items()
+    }
+    assignment = assignor.assign(cluster, members)
+    for member, handed in assignment.items():  # aiokafka's own check on each member
+        assert {t for t, _ in handed.assignment} <= {topics[member]}, (member, handed)
+    assignor.on_assignment(assignment[leader])
+    return {m: a.assignment for m, a in assignment.items()}, maps[0]
+
+
+def test_a_member_subscribed_to_another_topic_gets_nothing_and_is_named() -> None:
+    """Found by an operator trial: a fourth node started with PRME_LOG__TOPIC=trialb.other
+    in the group of three on prme.events was assigned partitions of prme.events and died
+    (aiokafka: "Received an assignment for unsubscribed topic"), costing the others two
+    rebalances; started first, its topic's partitions went to the next node, which died."""
+    topics = {"a": "prme.events", "b": "prme.events", "c": "prme.events", "d": "trialb.other"}
+    claims = {
+        "a": MemberClaim(url="http://a", owned=[0, 1, 2, 3], instance="a"),
+        "b": MemberClaim(url="http://b", owned=[4, 5, 6, 7], instance="b"),
+        "c": MemberClaim(url="http://c", owned=[8, 9, 10, 11], instance="c"),
+        "d": MemberClaim(url="http://d", instance="d"),
+    }
+    for leader in topics:  # whichever member leads, the group reads the majority's topic
+        assignment, handed = assign_topics(leader, claims, topics)
+        assert assignment["d"] == []
+        assert assignment["a"] == [("prme.events", [0, 1, 2, 3])]
+        assert handed.topic == "prme.events" and handed.partitions == 12
+        assert handed.other_topic == [
+            TopicRefused(url="http://d", instance="d", topic="trialb.other")
+        ]
+        assert handed.member("http://d") is None
+        assert sorted(p for m in handed.members for p in m.partitions) == list(range(12))
+    # Started first: one against one, the topic of the member that owned partitions.
+    first = {
+        "d": MemberClaim(url="http://d", owned=list(range(8)), instance="d"),
+        "a": MemberClaim(url="http://a", instance="a"),
+    }
+    for leader in first:
+        assignment, handed = assign_topics(leader, first, topics)
+        assert assignment["a"] == [] and handed.topic == "trialb.other"
+        assert [r.url for r in handed.other_topic] == ["http://a"]
+    # A second node on prme.events: the group follows the most members.
+    first["b"] = MemberClaim(url="http://b", instance="b")
+    assignment, handed = assign_topics("d", first, topics)
+    assert assignment["d"] == [] and handed.topic == "prme.events"
+    assert sorted(len(p) for [(_, p)] in (assignment["a"], assignment["b"])) == [6, 6]
+    assert "it reads the topic 'trialb.other'" in other_topic_refusal("trialb.other", handed)
+    assert "'prme.events'" in other_topic_refusal("trialb.other", handed)
