@@ -9,6 +9,7 @@ repeat it. An admin key or an open local server takes the owner from ``user_id``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -26,6 +27,8 @@ from prme.schemas.records import Message
 
 from .mcp_access import OwnerPolicy, Receipts
 from .mcp_schema import object_schema
+
+log = logging.getLogger(__name__)
 
 RECEIPT_URI = "prme://receipts/{request_id}"
 HISTORY_URI = "prme://history/{user_id}/{session_id}{?scope}"
@@ -256,6 +259,9 @@ class MemoryTools:
             return _failure(failure)
         except PRMEError as error:
             return _failure(ToolFailure(error_kind(error), str(error)))
+        except Exception as error:  # not PRME's own: still a tool result, never a protocol error
+            log.exception("tool %s failed", name)
+            return _failure(ToolFailure("internal", f"internal error: {type(error).__name__}"))
         return types.CallToolResult(
             content=[types.TextContent(text=text)],
             structured_content=msgspec.to_builtins(reply),

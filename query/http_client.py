@@ -239,6 +239,10 @@ class HttpMemoryBackend(MemoryBackend):
                 response = await self._http.request(
                     method, f"{node}/v1/{path}", content=content, params=params, headers=headers
                 )
+            except httpx.InvalidURL as error:  # nothing was sent: an id too long for a URL
+                raise InvalidInput(
+                    f"{method} {path}: no URL can carry this request: {error}"
+                ) from error
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # nothing was sent
                 self._routes.lost(node)
                 if attempt or not self._routes.clustered:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import httpx
 import jsonschema
 import pytest
 
 import prme.adapters
-from prme.adapters.mcp_access import OwnerPolicy
+from prme.adapters.mcp_access import OwnerPolicy, Receipts
 from prme.adapters.mcp_schema import object_schema
+from prme.adapters.mcp_tools import MemoryTools
 from prme.cli import main
 from prme.query.auth import ADMIN, Caller
 from prme.query.http_types import RetrieveRequest
@@ -68,3 +70,20 @@ def test_prme_mcp_without_the_sdk_says_which_extra_to_install(
     assert main(["mcp", "--data-dir", str(tmp_path / "pack")]) == 2
     assert 'pip install "prme-memory[mcp]"' in capsys.readouterr().err
     assert not (tmp_path / "pack").exists()
+
+
+class _BrokenClient:
+    """A client whose every call fails with an error that is not PRME's own."""
+
+    async def history(self, *args: object, **kwargs: object) -> None:
+        raise httpx.InvalidURL("URL component 'query' too long")
+
+
+async def test_an_unexpected_client_error_is_a_tool_error_not_a_protocol_error() -> None:
+    tools = MemoryTools(_BrokenClient(), OwnerPolicy("mo"), Receipts(8))  # type: ignore[arg-type]
+    result = await tools.call("history", {}, Caller(ADMIN))
+    assert result.is_error
+    assert result.structured_content == {
+        "error": "internal",
+        "detail": "internal error: InvalidURL",
+    }

@@ -20,6 +20,7 @@ from mcp.shared.exceptions import MCPError
 from prme.cli import main
 from prme.query.client import AsyncMemoryClient
 from prme.query.http_types import RetrieveRequest, StoreRequest
+from prme.schemas.errors import InvalidInput
 
 from .mcp_harness import (
     clean_env,
@@ -325,3 +326,22 @@ def test_the_walk_through_example_runs_as_documented(tmp_path: Path) -> None:
     assert "(user, trip) My sister Lena lives in Lisbon" in run.stdout
     assert "history: user: My sister Lena lives in Lisbon" in lines
     assert lines[-1] == "as bob: forbidden: this MCP server acts only for owner 'alice'"
+
+
+async def test_an_argument_too_long_for_a_url_is_invalid_input_not_a_protocol_error(
+    tmp_path: Path,
+) -> None:
+    """In front of a service a session id goes into a query string; one too long for a URL
+    is refused as invalid input by the client, and by the tool as a tool error."""
+    huge = "s" * 100_000
+    async with asyncio.timeout(BOUND_S):
+        with prme_serve(tmp_path / "pack", clean_env()) as service:
+            async with AsyncMemoryClient(url=service) as client:
+                with pytest.raises(InvalidInput, match="too long"):
+                    await client.history("mo", huge)
+            front = ["--url", service, "--user-id", "mo"]
+            async with stdio_session(
+                *front, env=clean_env(), errlog=tmp_path / "mcp.stderr"
+            ) as session:
+                result = await session.call_tool("history", {"session_id": huge})
+                assert result.is_error and result.structured_content["error"] == "invalid_input"
