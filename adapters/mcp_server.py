@@ -49,7 +49,14 @@ from prme.schemas.errors import (
 )
 
 from .mcp_access import OwnerPolicy, Receipts
-from .mcp_tools import HISTORY_URI, RECEIPT_URI, MemoryTools
+from .mcp_tools import (
+    HISTORY_URI,
+    RECEIPT_URI,
+    HistoryArgs,
+    MemoryTools,
+    decode_as,
+    error_kind,
+)
 
 CALLER_KEY = "prme.caller"
 """Where :class:`ApiKeyGate` leaves the authenticated caller in the ASGI scope."""
@@ -165,7 +172,7 @@ class PrmeMcp:
         except Forbidden as error:
             raise MCPError(FORBIDDEN, f"forbidden: {error}") from None
         except PRMEError as error:
-            raise MCPError(types.INVALID_PARAMS, f"{type(error).__name__}: {error}") from None
+            raise MCPError(types.INVALID_PARAMS, f"{error_kind(error)}: {error}") from None
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=uri, mime_type=JSON, text=body)]
         )
@@ -180,13 +187,19 @@ class PrmeMcp:
             return msgspec.json.encode(receipt).decode()
         if parts.netloc == "history" and len(segments) == 2:
             user_id, session_id = segments
-            query = parse_qs(parts.query)
+            query = parse_qs(parts.query, keep_blank_values=True)
             unknown = set(query) - {"scope"}
             if unknown:
                 raise InvalidInput(f"unknown query parameter {sorted(unknown)[0]!r} in {uri!r}")
-            scope = query.get("scope", ["default"])[-1]
-            self.policy.check(caller, user_id)
-            messages = await self.tools.client.history(user_id, session_id, scope=scope)
+            scopes = query.get("scope", ["default"])
+            if len(scopes) > 1:
+                raise InvalidInput("query parameter 'scope' given more than once")
+            fields = {"user_id": user_id, "session_id": session_id, "scope": scopes[0]}
+            args = decode_as(HistoryArgs, fields)
+            self.policy.check(caller, args.user_id)
+            messages = await self.tools.client.history(
+                args.user_id, args.session_id, scope=args.scope
+            )
             return msgspec.json.encode(messages).decode()
         raise NotFound(f"unknown resource {uri!r}")
 

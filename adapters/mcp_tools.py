@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any, TypeVar
 
 import mcp_types as types
 import msgspec
@@ -20,9 +20,19 @@ import msgspec
 from prme.query.auth import Caller
 from prme.query.client import AsyncMemoryClient
 from prme.query.http_errors import status_of
-from prme.query.http_types import ArchiveRequest, ErrorBody, RetrieveRequest, StoreRequest
+from prme.query.http_types import (
+    PATTERN_WORDS,
+    ArchiveRequest,
+    Body,
+    ErrorBody,
+    IdField,
+    Positive,
+    RetrieveRequest,
+    StoreRequest,
+    UserIdField,
+)
 from prme.query.types import MemoryResult, StoreResult
-from prme.schemas.errors import PRMEError
+from prme.schemas.errors import InvalidInput, PRMEError, patterns_in_words
 from prme.schemas.records import Message
 
 from .mcp_access import OwnerPolicy, Receipts
@@ -32,32 +42,34 @@ log = logging.getLogger(__name__)
 
 RECEIPT_URI = "prme://receipts/{request_id}"
 HISTORY_URI = "prme://history/{user_id}/{session_id}{?scope}"
+ArgsT = TypeVar("ArgsT", bound=msgspec.Struct)
 
 
 # -- argument types the HTTP API spells as path or query parameters -----------------------
 
 
-class HistoryArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+# The HTTP API's field types, so a tool refuses what the API refuses (docs/HTTP.md,
+# "Validation"). mypy sees prme.query.* through the package-dir mapping as untyped.
+class HistoryArgs(Body, frozen=True, kw_only=True):  # type: ignore[call-arg]
     """``GET /v1/history``'s query parameters."""
 
-    user_id: str
-    session_id: str = "default"
-    scope: str = "default"
-    limit: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    user_id: UserIdField
+    session_id: IdField = "default"
+    scope: IdField = "default"
+    limit: Positive | None = None
 
 
-class ForgetMessageArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ForgetMessageArgs(Body, frozen=True, kw_only=True):  # type: ignore[call-arg]
     """``DELETE /v1/history/messages/{event_id}``'s parameters."""
 
-    user_id: str
-    event_id: str
+    user_id: UserIdField
+    event_id: IdField
 
 
-# mypy sees prme.query.* through the package-dir mapping as untyped; msgspec takes these.
 class ArchiveMemoryArgs(ArchiveRequest, frozen=True, kw_only=True):  # type: ignore[call-arg]
     """``POST /v1/nodes/{node_id}/archive``: the body plus the node from the path."""
 
-    node_id: str
+    node_id: IdField
 
 
 # -- structured results ----------------------------------------------------------------------
@@ -282,10 +294,7 @@ class MemoryTools:
             body["user_id"] = implied
         if "wait" in {f.name for f in msgspec.structs.fields(tool.args)}:
             body["wait"] = True
-        try:
-            args: Any = msgspec.json.decode(msgspec.json.encode(body), type=tool.args)
-        except msgspec.ValidationError as error:
-            raise ToolFailure("invalid_input", str(error)) from None
+        args: Any = decode_as(tool.args, body)
         self.policy.check(caller, args.user_id)
         return args
 
@@ -326,6 +335,16 @@ class MemoryTools:
             args.node_id, args.user_id, reason=args.reason, wait=True
         )
         return f"Archived {args.node_id}: recall no longer returns it.", result
+
+
+def decode_as(kind: type[ArgsT], body: dict[str, Any]) -> ArgsT:
+    """``body`` as ``kind``, decoded as the HTTP service decodes a request: strict JSON,
+    InvalidInput naming the field (``... - at `$.session_id```) and saying what a pattern
+    means."""
+    try:
+        return msgspec.json.decode(msgspec.json.encode(body), type=kind)
+    except msgspec.ValidationError as error:
+        raise InvalidInput(patterns_in_words(str(error), PATTERN_WORDS)) from None
 
 
 def render_history(messages: list[Message]) -> str:

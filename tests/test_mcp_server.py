@@ -345,3 +345,39 @@ async def test_an_argument_too_long_for_a_url_is_invalid_input_not_a_protocol_er
             ) as session:
                 result = await session.call_tool("history", {"session_id": huge})
                 assert result.is_error and result.structured_content["error"] == "invalid_input"
+
+
+async def test_tool_arguments_are_checked_as_the_http_api_checks_them(tmp_path: Path) -> None:
+    """The HTTP API's field rules (docs/HTTP.md "Validation") hold for every tool and the
+    history resource: a bad id is invalid_input naming the field, never an empty answer."""
+    long = "s" * 5000
+    cases = [
+        ("history", {"user_id": ""}, "$.user_id"),
+        ("history", {"user_id": " x "}, "$.user_id"),
+        ("history", {"user_id": "mo", "session_id": long}, "$.session_id"),
+        ("history", {"user_id": "mo", "session_id": ""}, "$.session_id"),
+        ("history", {"user_id": "mo", "scope": ""}, "$.scope"),
+        ("forget_message", {"user_id": "", "event_id": "x"}, "$.user_id"),
+        ("forget_message", {"user_id": "mo", "event_id": ""}, "$.event_id"),
+        ("archive_memory", {"user_id": "mo", "node_id": ""}, "$.node_id"),
+    ]
+    async with asyncio.timeout(BOUND_S):
+        async with stdio_session(
+            "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
+        ) as session:
+            for tool, arguments, field in cases:
+                result = await session.call_tool(tool, arguments)
+                assert result.is_error, (tool, arguments, text_of(result))
+                assert result.structured_content["error"] == "invalid_input", text_of(result)
+                assert field in text_of(result), (tool, arguments, text_of(result))
+            with pytest.raises(MCPError, match=r"invalid_input.*\$\.session_id"):
+                await session.read_resource(f"prme://history/mo/{long}")
+            with pytest.raises(MCPError, match=r"invalid_input.*\$\.user_id"):
+                await session.read_resource("prme://history/%20x%20/trip")
+        async with stdio_session(
+            "--data-dir", str(tmp_path), "--user-id", "me", errlog=tmp_path / "mcp.stderr"
+        ) as pinned:
+            result = await pinned.call_tool("history", {"session_id": ""})
+            assert result.is_error and result.structured_content["error"] == "invalid_input"
+            assert "$.session_id" in text_of(result)
+    assert await records_of(tmp_path, "mo") == []
