@@ -317,8 +317,7 @@ class MemoryTools:
             token_budget=response.bundle.token_budget,
             omitted=response.bundle.omitted,
         )
-        shown = text or "No memories matched."
-        return f"{shown}\n\n(receipt: {reply.receipt_uri})", reply
+        return f"{recall_text(reply)}\n\n(receipt: {reply.receipt_uri})", reply
 
     async def _history(self, args: HistoryArgs) -> tuple[str, msgspec.Struct]:
         messages = await self.client.history(
@@ -345,6 +344,28 @@ def decode_as(kind: type[ArgsT], body: dict[str, Any]) -> ArgsT:
         return msgspec.json.decode(msgspec.json.encode(body), type=kind)
     except msgspec.ValidationError as error:
         raise InvalidInput(patterns_in_words(str(error), PATTERN_WORDS)) from None
+
+
+def recall_text(reply: RecallReply) -> str:
+    """The bundle, and what did not fit in it: an empty bundle is not "nothing matched"."""
+    if not reply.results:
+        return "No memories matched."
+    left_out = len(reply.omitted)
+    if not reply.text:
+        return (
+            f"{_memories(len(reply.results))} matched, but none fit "
+            f"token_budget={reply.token_budget}: raise it to see them."
+        )
+    if left_out:
+        return (
+            f"{reply.text}\n\n({_memories(left_out)} more matched but did not fit "
+            f"token_budget={reply.token_budget}.)"
+        )
+    return reply.text
+
+
+def _memories(count: int) -> str:
+    return f"{count} memory" if count == 1 else f"{count} memories"
 
 
 def render_history(messages: list[Message]) -> str:

@@ -381,3 +381,19 @@ async def test_tool_arguments_are_checked_as_the_http_api_checks_them(tmp_path: 
             assert result.is_error and result.structured_content["error"] == "invalid_input"
             assert "$.session_id" in text_of(result)
     assert await records_of(tmp_path, "mo") == []
+
+
+async def test_recall_says_how_many_matched_when_none_fit_the_token_budget(
+    tmp_path: Path,
+) -> None:
+    async with asyncio.timeout(BOUND_S):
+        async with stdio_session(
+            "--data-dir", str(tmp_path), "--user-id", "mo", errlog=tmp_path / "mcp.stderr"
+        ) as session:
+            await call_ok(session, "remember", {"content": "My cat is called Miso"})
+            result = await session.call_tool("recall", {"query": "cat", "token_budget": 1})
+            assert not result.is_error, text_of(result)
+            assert result.structured_content["omitted"]
+            text = text_of(result)
+            assert "No memories matched" not in text
+            assert "1 memory matched" in text and "token_budget=1" in text, text
