@@ -81,7 +81,8 @@ class PrmeMcp:
         transport: Literal["stdio", "http"],
     ) -> None:
         self.policy = OwnerPolicy(settings.mcp.user_id)
-        self.tools = MemoryTools(client, self.policy, Receipts(settings.mcp.receipts))
+        receipts = Receipts(settings.mcp.receipts, ttl_s=settings.mcp.receipt_ttl_s)
+        self.tools = MemoryTools(client, self.policy, receipts)
         self._transport = transport
         self.server: Server[Any] = Server(
             "prme",
@@ -125,7 +126,8 @@ class PrmeMcp:
                 types.Resource(
                     uri=RECEIPT_URI.format(request_id=receipt.request_id),
                     name=f"receipt {receipt.request_id}",
-                    description=f"How the recall {receipt.query!r} found its results",
+                    # Never the query: a listing is no place for what an owner asked.
+                    description="How a recall found its results",
                     mime_type=JSON,
                 )
                 for receipt in receipts
@@ -151,9 +153,9 @@ class PrmeMcp:
                     uri_template=RECEIPT_URI,
                     name="recall receipt",
                     description=(
-                        "The receipt of a recall: channels with timings, each result's ranks "
-                        "and scores, token cost. Kept in this server's memory; only recent "
-                        "ones remain."
+                        "The receipt of a recall: its query, channels with timings, each "
+                        "result's ranks and scores, token cost. Kept in this server's memory "
+                        "for a while (PRME_MCP__RECEIPT_TTL_S); only recent ones remain."
                     ),
                     mime_type=JSON,
                 ),
@@ -183,7 +185,7 @@ class PrmeMcp:
         if parts.scheme != "prme" or not all(segments):
             raise NotFound(f"unknown resource {uri!r}")
         if parts.netloc == "receipts" and len(segments) == 1:
-            receipt = self.tools.receipts.get(segments[0], caller, self.policy)
+            receipt = await self.tools.receipt(segments[0], caller)
             return msgspec.json.encode(receipt).decode()
         if parts.netloc == "history" and len(segments) == 2:
             user_id, session_id = segments

@@ -31,8 +31,8 @@ from prme.query.http_types import (
     StoreRequest,
     UserIdField,
 )
-from prme.query.types import MemoryResult, StoreResult
-from prme.schemas.errors import InvalidInput, PRMEError, patterns_in_words
+from prme.query.types import MemoryResult, Receipt, StoreResult
+from prme.schemas.errors import InvalidInput, NotFound, PRMEError, patterns_in_words
 from prme.schemas.records import Message
 
 from .mcp_access import OwnerPolicy, Receipts
@@ -278,6 +278,22 @@ class MemoryTools:
             content=[types.TextContent(text=text)],
             structured_content=msgspec.to_builtins(reply),
         )
+
+    async def receipt(self, request_id: str, caller: Caller) -> Receipt:
+        """The receipt of a recall, unless its owner was erased since (NotFound).
+
+        A receipt holds its query text. Its first result's event is gone once the owner is
+        erased (through this server or any other), so reading it back is the check: one
+        read, and the owner's receipts are dropped when it fails. A recall that found
+        nothing leaves no event to check: its receipt stays until it expires."""
+        receipt = self.receipts.get(request_id, caller, self.policy)
+        if receipt.results:
+            try:
+                await self.client.get_event(receipt.results[0].event_id, receipt.owner)
+            except NotFound:
+                self.receipts.drop_owner(receipt.owner)
+                raise self.receipts.unknown(request_id) from None
+        return receipt
 
     def decode(self, tool: Tool, arguments: dict[str, Any], caller: Caller) -> Any:
         """The arguments as ``tool.args``, the owner resolved and authorized."""

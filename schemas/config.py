@@ -160,6 +160,8 @@ class McpSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     path: str = "/mcp"
     receipts: PositiveInt = 256
     """Recall receipts kept in memory for ``prme://receipts/{id}`` (oldest dropped first)."""
+    receipt_ttl_s: Seconds = 900.0
+    """How long a receipt (it holds the recall's query text) is kept after its recall."""
 
 
 class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

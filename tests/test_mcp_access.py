@@ -17,7 +17,8 @@ from prme.adapters.mcp_tools import MemoryTools
 from prme.cli import main
 from prme.query.auth import ADMIN, Caller
 from prme.query.http_types import RetrieveRequest
-from prme.schemas.errors import Forbidden
+from prme.query.types import EmbeddingInfo, Receipt
+from prme.schemas.errors import Forbidden, NotFound
 
 
 @pytest.mark.parametrize(
@@ -72,6 +73,65 @@ def test_prme_mcp_without_the_sdk_says_which_extra_to_install(
     assert not (tmp_path / "pack").exists()
 
 
+def _receipt(request_id: str, owner: str) -> Receipt:
+    return Receipt(
+        request_id=request_id,
+        owner=owner,
+        query="Who is Bob's therapist?",
+        scope=None,
+        fusion="rrf",
+        top_k=10,
+        min_score=None,
+        min_score_skipped=False,
+        channels=[],
+        results=[],
+        embedding=EmbeddingInfo(
+            model_name="m", model_version="1", dimension=3, embed_query_used=True
+        ),
+        analysis={},
+        elapsed_ms=1.0,
+    )
+
+
+def test_another_owners_receipt_is_answered_as_an_unknown_one() -> None:
+    receipts, policy = Receipts(8, ttl_s=60.0), OwnerPolicy(None)
+    receipts.add(_receipt("r1", "bob"))
+    with pytest.raises(NotFound) as theirs:
+        receipts.get("r1", Caller("alice"), policy)
+    with pytest.raises(NotFound) as unknown:
+        receipts.get("r9", Caller("alice"), policy)
+    assert str(theirs.value).replace("r1", "?") == str(unknown.value).replace("r9", "?")
+    assert "bob" not in str(theirs.value)
+    assert receipts.get("r1", Caller("bob"), policy).owner == "bob"
+
+
+def test_receipts_are_kept_for_a_bounded_time_and_count() -> None:
+    now = [1000.0]
+    receipts, policy = Receipts(2, ttl_s=60.0, clock=lambda: now[0]), OwnerPolicy(None)
+    for name in ("r1", "r2", "r3"):
+        receipts.add(_receipt(name, "bob"))
+    bob = Caller("bob")
+    assert [r.request_id for r in receipts.visible(bob, policy)] == ["r3", "r2"]
+    with pytest.raises(NotFound):
+        receipts.get("r1", bob, policy)  # pushed out by count
+    now[0] += 59.0
+    assert receipts.get("r2", bob, policy).request_id == "r2"
+    now[0] += 2.0
+    with pytest.raises(NotFound):
+        receipts.get("r2", bob, policy)  # expired
+    assert receipts.visible(bob, policy) == []
+
+
+def test_an_owners_receipts_can_be_dropped() -> None:
+    receipts, policy = Receipts(8, ttl_s=60.0), OwnerPolicy(None)
+    receipts.add(_receipt("r-bob", "bob"))
+    receipts.add(_receipt("r-alice", "alice"))
+    receipts.drop_owner("bob")
+    with pytest.raises(NotFound):
+        receipts.get("r-bob", Caller(ADMIN), policy)
+    assert [r.request_id for r in receipts.visible(Caller(ADMIN), policy)] == ["r-alice"]
+
+
 class _BrokenClient:
     """A client whose every call fails with an error that is not PRME's own."""
 
@@ -80,7 +140,7 @@ class _BrokenClient:
 
 
 async def test_an_unexpected_client_error_is_a_tool_error_not_a_protocol_error() -> None:
-    tools = MemoryTools(_BrokenClient(), OwnerPolicy("mo"), Receipts(8))  # type: ignore[arg-type]
+    tools = MemoryTools(_BrokenClient(), OwnerPolicy("mo"), Receipts(8, ttl_s=60.0))  # type: ignore[arg-type]
     result = await tools.call("history", {}, Caller(ADMIN))
     assert result.is_error
     assert result.structured_content == {

@@ -233,9 +233,17 @@ async def test_http_keys_bind_each_caller_to_its_owner(tmp_path: Path) -> None:
                     assert refused.is_error, tool
                     assert refused.structured_content["error"] == "forbidden"
                     assert "4512" not in text_of(refused)
-                for uri in ("prme://history/bob/default", bob_recall["receipt_uri"]):
-                    with pytest.raises(MCPError, match="forbidden"):
-                        await alice.read_resource(uri)
+                with pytest.raises(MCPError, match="forbidden"):
+                    await alice.read_resource("prme://history/bob/default")
+                # Another owner's receipt is answered as an unknown one: not_found, no owner.
+                with pytest.raises(MCPError, match="not_found") as theirs:
+                    await alice.read_resource(bob_recall["receipt_uri"])
+                with pytest.raises(MCPError, match="not_found") as unknown:
+                    await alice.read_resource("prme://receipts/no-such-receipt")
+                assert "bob" not in str(theirs.value)
+                assert str(theirs.value).replace(bob_recall["receipt_id"], "?") == str(
+                    unknown.value
+                ).replace("no-such-receipt", "?")
                 listed = (await alice.list_resources()).resources
                 assert bob_recall["receipt_uri"] not in [str(r.uri) for r in listed]
 
@@ -397,3 +405,31 @@ async def test_recall_says_how_many_matched_when_none_fit_the_token_budget(
             text = text_of(result)
             assert "No memories matched" not in text
             assert "1 memory matched" in text and "token_budget=1" in text, text
+
+
+async def test_receipts_never_outlive_their_owner_in_front_of_a_service(tmp_path: Path) -> None:
+    """A receipt holds its recall's query: resources/list never shows it, and once the owner
+    is erased (here through the service) the receipt is not served any more."""
+    query = "Who is Bob's therapist Kowalski?"
+    async with asyncio.timeout(BOUND_S):
+        with prme_serve(tmp_path / "pack", clean_env()) as service:
+            front = ["--url", service, "--user-id", "bob"]
+            async with stdio_session(
+                *front, env=clean_env(), errlog=tmp_path / "mcp.stderr"
+            ) as session:
+                await call_ok(session, "remember", {"content": "Dr Kowalski sees me on Fridays"})
+                recalled = await call_ok(session, "recall", {"query": query})
+                listed = (await session.list_resources()).resources
+                assert [str(r.uri) for r in listed] == [recalled["receipt_uri"]]
+                assert "Kowalski" not in json.dumps([r.model_dump() for r in listed])
+                before = await session.read_resource(recalled["receipt_uri"])
+                assert json.loads(before.contents[0].text)["query"] == query
+
+                erased = httpx.delete(f"{service}/v1/owners", params={"user_id": "bob"}, timeout=60)
+                assert erased.status_code == 200, erased.text
+
+                with pytest.raises(MCPError, match="not_found") as refused:
+                    await session.read_resource(recalled["receipt_uri"])
+                assert "Kowalski" not in str(refused.value)
+                listed = (await session.list_resources()).resources
+                assert recalled["receipt_uri"] not in [str(r.uri) for r in listed]
