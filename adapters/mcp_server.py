@@ -29,6 +29,8 @@ import mcp_types as types
 import msgspec
 import uvicorn
 from mcp.server import Server, ServerRequestContext
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from starlette.datastructures import Headers
@@ -215,7 +217,11 @@ def history_uri(user_id: str, session_id: str, scope: str = "default") -> str:
 class ApiKeyGate:
     """ASGI middleware: authenticate every HTTP request by its API key (``Authorization:
     Bearer <key>`` or ``X-API-Key``) before the MCP transport sees it; 401 otherwise. With
-    no keys configured every caller is admin (allowed on loopback only)."""
+    no keys configured every caller is admin (allowed on loopback only).
+
+    The key is also the request's ``user`` for the SDK's session manager, which ties a
+    streamable-HTTP session to the principal that opened it and answers a request of
+    another one (DELETE included) as for an unknown session: 404 "Session not found"."""
 
     def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
         self.app = app
@@ -237,7 +243,15 @@ class ApiKeyGate:
                 await response(scope, receive, send)
                 return
             scope[CALLER_KEY] = caller
+            scope["user"] = session_principal(caller)
         await self.app(scope, receive, send)
+
+
+def session_principal(caller: Caller) -> AuthenticatedUser:
+    """The principal a streamable-HTTP session belongs to: the API key, by its digest (all
+    callers of an open server are one)."""
+    key = caller.key_id or "open"
+    return AuthenticatedUser(AccessToken(token=key, client_id=key, scopes=[]))
 
 
 @contextlib.asynccontextmanager

@@ -6,6 +6,7 @@ With no keys configured the service is open, which is only allowed on a loopback
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import socket
@@ -27,6 +28,9 @@ class Caller(msgspec.Struct, frozen=True):
     owner: str
     acted_for: list[str] = msgspec.field(default_factory=list)
     """Owners :meth:`authorize` let this caller act for (the access log hashes them)."""
+    key_id: str | None = None
+    """Which configured key authenticated the caller (a SHA-256 of it, never the key);
+    None on an open service or for a caller forwarded by another node."""
 
     @property
     def is_admin(self) -> bool:
@@ -91,7 +95,7 @@ class ApiKeys:
                 owner = bound
         if owner is None:
             raise Unauthenticated("unknown API key")
-        return Caller(owner)
+        return Caller(owner, key_id=hashlib.sha256(presented).hexdigest())
 
 
 def is_loopback(host: str) -> bool:

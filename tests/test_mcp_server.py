@@ -433,3 +433,57 @@ async def test_receipts_never_outlive_their_owner_in_front_of_a_service(tmp_path
                 assert "Kowalski" not in str(refused.value)
                 listed = (await session.list_resources()).resources
                 assert recalled["receipt_uri"] not in [str(r.uri) for r in listed]
+
+
+def _initialize(url: str, key: str) -> str:
+    """A new streamable-HTTP session opened with ``key``; its ``mcp-session-id``."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"},
+        },
+    }
+    response = httpx.post(url, json=body, headers=_mcp_headers(key), timeout=60)
+    assert response.status_code == 200, response.text
+    session_id = response.headers["mcp-session-id"]
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    headers = _mcp_headers(key, session_id)
+    assert httpx.post(url, json=initialized, headers=headers, timeout=60).status_code == 202
+    return session_id
+
+
+def _mcp_headers(key: str, session_id: str | None = None) -> dict[str, str]:
+    headers = {
+        "Authorization": f"Bearer {key}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    if session_id is not None:
+        headers["mcp-session-id"] = session_id
+    return headers
+
+
+async def test_http_sessions_belong_to_the_key_that_opened_them(tmp_path: Path) -> None:
+    env = clean_env(PRME_SERVICE__API_KEYS=json.dumps(KEYS))
+    list_tools = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    async with asyncio.timeout(BOUND_S):
+        with mcp_http(tmp_path, env=env) as url:
+            alice = await asyncio.to_thread(_initialize, url, "sk-alice")
+            for key in ("sk-bob", "sk-admin"):
+                headers = _mcp_headers(key, alice)
+                used = httpx.post(url, json=list_tools, headers=headers, timeout=60)
+                assert used.status_code == 404, (key, used.text)
+                ended = httpx.delete(url, headers=headers, timeout=60)
+                assert ended.status_code == 404, (key, ended.text)
+                assert "Session not found" in ended.text
+            # Refused as an unknown session would be, and still alice's.
+            unknown = httpx.delete(url, headers=_mcp_headers("sk-bob", "0" * 32), timeout=60)
+            assert unknown.status_code == 404 and unknown.text == ended.text
+            mine = httpx.post(url, json=list_tools, headers=_mcp_headers("sk-alice", alice))
+            assert mine.status_code == 200 and "recall" in mine.text
+            ended = httpx.delete(url, headers=_mcp_headers("sk-alice", alice), timeout=60)
+            assert ended.status_code == 200
