@@ -333,11 +333,13 @@ class Producer:
         self, records: Sequence[Record], *, atomic: bool = True
     ) -> list[AppendReceipt]:
         """Append already-validated records, atomically (all or none) unless told not to;
-        at most ``limits.max_batch_records`` of them (one write request's bound)."""
-        if len(records) > self._limits.max_batch_records:
+        at most ``limits.max_batch_records`` messages (one write request's bound; the clear
+        marker a replacement adds is not the caller's, and is not counted)."""
+        messages = sum(isinstance(record, Message) for record in records)
+        if messages > self._limits.max_batch_records:
             raise InvalidInput(
-                f"batch of {len(records)} records exceeds max_batch_records="
-                f"{self._limits.max_batch_records}"
+                f"a write of {messages} messages exceeds limits.max_batch_records="
+                f"{self._limits.max_batch_records} - at `$.messages`"
             )
         items = [log_item(record) for record in records]
         positions = await self.append_items(

@@ -442,10 +442,18 @@ async def test_a_write_of_more_records_than_the_limit_is_refused_and_writes_noth
         records = [
             producer.build_message(MessageDraft(owner="alice", content=f"m{i}")) for i in range(4)
         ]
-        with pytest.raises(InvalidInput, match="batch of 4 records exceeds max_batch_records=3"):
+        with pytest.raises(
+            InvalidInput, match="a write of 4 messages exceeds limits.max_batch_records=3"
+        ):
             await producer.append_records(records)
         assert sum((await transport.end_offsets()).values()) == 0
         assert len(await producer.append_records(records[:3])) == 3
+        # A replacement of 3 messages adds its clear marker: the caller sent 3 (a new-user
+        # trial found a replace of exactly the limit refused as "1001 records").
+        drafts = [MessageDraft(owner="alice", content=f"r{i}") for i in range(3)]
+        replacement = producer.build_replacement("alice", "default", "default", drafts)
+        assert len(replacement) == 4
+        assert len(await producer.append_records(replacement)) == 4
     finally:
         await transport.close()
 
