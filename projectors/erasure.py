@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import numpy as np
 
 from prme.producers.keys import KeyStore
 from prme.schemas.records import OwnerErased
@@ -74,18 +75,38 @@ class Forgetting:
             _write_pending(shard.directory, sorted({*_read_pending(shard.directory), *erased}))
 
     async def after_apply(self, shard: Shard, projected: list[ProjectedRecord]) -> None:
+        """Note which owner holds each cached vector, and purge the batch's erased owners.
+        A memory an owner wrote after its erasure in the same batch (a replay) is noted
+        after the purge, its vector stored again: noted before, the purge dropped it, and
+        every rebuild encoded that text anew."""
         cache = self._cache
-        if cache is not None:
-            refs = [
-                (content_hash(embedding_text(item.node)), item.node.owner)
-                for item in projected
-                if item.node is not None and item.vector is not None
-            ]
-            if refs:
-                await asyncio.to_thread(cache.add_owners, self._identity, refs)
-        erased = _erased(projected)
-        if erased:
-            await self._purge(shard, sorted({*_read_pending(shard.directory), *erased}))
+        embedded = [
+            (index, item)
+            for index, item in enumerate(projected)
+            if item.node is not None and item.vector is not None
+        ]
+        last_erasure = {
+            item.record.owner: index
+            for index, item in enumerate(projected)
+            if isinstance(item.record, OwnerErased)
+        }
+        before = [
+            item for index, item in embedded if index < last_erasure.get(item.record.owner, -1)
+        ]
+        after = [
+            item for index, item in embedded if index > last_erasure.get(item.record.owner, -1)
+        ]
+        if cache is not None and before:
+            await asyncio.to_thread(cache.add_owners, self._identity, _refs(before))
+        if last_erasure:
+            pending = {*_read_pending(shard.directory), *last_erasure}
+            await self._purge(shard, sorted(pending))
+        if cache is not None and after:
+            if last_erasure:
+                vectors = np.array([item.vector for item in after], dtype=np.float32)
+                hashes = [digest for digest, _ in _refs(after)]
+                await asyncio.to_thread(cache.put_checked, self._identity, hashes, vectors)
+            await asyncio.to_thread(cache.add_owners, self._identity, _refs(after))
 
     async def resume(self, shard: Shard) -> None:
         """Finish a purge a crash interrupted (the shard's models are open)."""
@@ -106,6 +127,15 @@ class Forgetting:
 
 PENDING = "erasures.pending"
 """The owners erased by the batch being applied, until their purge is done."""
+
+
+def _refs(items: Iterable[ProjectedRecord]) -> list[tuple[str, str]]:
+    """(content hash, owner) of each embedded memory."""
+    return [
+        (content_hash(embedding_text(item.node)), item.node.owner)
+        for item in items
+        if item.node is not None
+    ]
 
 
 def _erased(projected: list[ProjectedRecord]) -> list[str]:

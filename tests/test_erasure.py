@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from prme import MemoryEngine, MessageDraft
 from prme.producers.audit import audit_owner
 from prme.producers.partitioner import partition_for_key
 from prme.projectors import rebuild_worker
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.schemas.config import Settings
 
 BOB = "bob-1"
@@ -363,3 +364,36 @@ def test_a_retrieve_finds_no_other_owners_text_in_the_embedding_cache(tmp_path: 
         entries = cached.cache_info().entries
         memory.erase_owner("alice")
         assert cached.cache_info().entries == entries - 1
+
+
+class CountingProvider(HashedBagOfWordsProvider):
+    """The hashed provider, counting the document texts it encodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded = 0
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.encoded += len(texts)
+        return await super().embed(texts)
+
+
+async def test_a_rebuild_keeps_the_vector_of_a_memory_written_after_its_owners_erasure(
+    local_settings: Settings,
+) -> None:
+    """From a new-user trial: a replay that held an owner's memory, the owner's erasure
+    and the same memory written again noted the owner on the cached vector before the
+    purge, which then dropped it: every rebuild encoded that text again."""
+    provider = CountingProvider()
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=provider
+    ) as engine:
+        await engine.store("Dave likes green tea", user_id="dave")
+        await engine.erase_owner("dave")
+        await engine.store("Dave likes green tea", user_id="dave")
+        await engine.rebuild(models=["vector"])
+        encoded = provider.encoded
+        await engine.rebuild(models=["vector"])
+        assert provider.encoded == encoded  # every vector from the cache
+        found = await engine.retrieve("green tea", "dave")
+        assert [result.text for result in found.results] == ["Dave likes green tea"]
