@@ -48,7 +48,7 @@ from prme.schemas.tracing import Tracing
 from .backend import MemoryBackend
 from .cluster import ClusterRouter
 from .data_lock import DataDirLock
-from .http_types import MAX_TOP_K, RetrieveRequest, StoreRequest, checked
+from .http_types import MAX_TOP_K, RetrieveRequest, StoreRequest, check_ids, checked
 from .pack_config import (
     LogIdentity,
     PackConfig,
@@ -248,6 +248,7 @@ class MemoryEngine(MemoryBackend):
     # -- writing -----------------------------------------------------------------------
 
     async def store_request(self, request: StoreRequest) -> StoreResult:
+        request = checked(request)
         return (await self.store_many([request.draft()], wait=request.wait))[0]
 
     async def store_many(
@@ -265,12 +266,14 @@ class MemoryEngine(MemoryBackend):
         scope: str = "default",
         wait: bool = True,
     ) -> list[StoreResult]:
+        check_ids(user_id=user_id, session_id=session_id, scope=scope)
         check_history(user_id, session_id, scope, drafts, ADDITION_MISMATCH)
         return await self.store_many(drafts, wait=wait)
 
     async def clear_history(
         self, user_id: str, session_id: str, *, scope: str = "default", wait: bool = True
     ) -> StoreResult:
+        check_ids(user_id=user_id, session_id=session_id, scope=scope)
         receipt = await self._producer.append_control(
             "history_cleared", user_id, session_id=session_id, scope=scope
         )
@@ -286,6 +289,7 @@ class MemoryEngine(MemoryBackend):
         wait: bool = True,
     ) -> list[StoreResult]:
         """Atomically append a clear marker and the new messages."""
+        check_ids(user_id=user_id, session_id=session_id, scope=scope)
         records = self._producer.build_replacement(user_id, session_id, scope, drafts)
         return await self._append(records, wait)
 
@@ -330,6 +334,7 @@ class MemoryEngine(MemoryBackend):
         self, user_id: str, event_id: str, *, wait: bool = True
     ) -> StoreResult:
         """Remove one message from its chat history (the memory node is not archived)."""
+        check_ids(user_id=user_id, event_id=event_id)
         event = await self.get_event(event_id, user_id)
         if event.kind != "message":
             raise InvalidInput(f"event {event_id} is a {event.kind}, not a message")
@@ -345,6 +350,7 @@ class MemoryEngine(MemoryBackend):
     async def archive(
         self, node_id: str, user_id: str, *, reason: str | None = None, wait: bool = True
     ) -> StoreResult:
+        check_ids(node_id=node_id, user_id=user_id)
         await self._check_node(node_id, user_id)
         receipt = await self._producer.append_control(
             "node_archived", user_id, node_id=node_id, reason=reason
@@ -352,6 +358,7 @@ class MemoryEngine(MemoryBackend):
         return await self._finish(receipt, [node_id], wait)
 
     async def restore(self, node_id: str, user_id: str, *, wait: bool = True) -> StoreResult:
+        check_ids(node_id=node_id, user_id=user_id)
         await self._check_node(node_id, user_id)
         receipt = await self._producer.append_control("node_restored", user_id, node_id=node_id)
         return await self._finish(receipt, [node_id], wait)
@@ -359,6 +366,7 @@ class MemoryEngine(MemoryBackend):
     async def supersede(
         self, node_id: str, by_node_id: str, user_id: str, *, wait: bool = True
     ) -> StoreResult:
+        check_ids(node_id=node_id, by_node_id=by_node_id, user_id=user_id)
         await self._check_node(node_id, user_id)
         check_supersede(node_id, by_node_id)
         if (state := await self._check_node(by_node_id, user_id)) != "active":
@@ -378,6 +386,7 @@ class MemoryEngine(MemoryBackend):
         data keys: the log keeps the owner's records as envelopes only (docs/ARCHITECTURE.md,
         "Erasure"). The marker goes first, so a crash in between leaves the key; erasing
         again deletes it."""
+        check_ids(user_id=user_id)
         receipt = await self._producer.append_control("owner_erased", user_id)
         await self.runner.keys.erase(user_id)
         await self._transport.forget_dedupe(dedupe_key(user_id, ""))
@@ -478,6 +487,7 @@ class MemoryEngine(MemoryBackend):
     ) -> list[Message]:
         """The chat history of (owner, session, scope) with clear, replace and delete applied
         (``limit``: the newest N messages)."""
+        check_ids(user_id=user_id, session_id=session_id, scope=scope)
         if limit is not None:
             if limit < 1:
                 raise InvalidInput(f"limit must be at least 1, got {limit} - at `limit`")
@@ -495,6 +505,7 @@ class MemoryEngine(MemoryBackend):
         Another owner's event is NotFound, as an unknown one: an event id derived from a
         request id (``producer.request_event_id``) can be computed, and a different answer
         would tell whether that owner sent that request."""
+        check_ids(event_id=event_id, user_id=user_id)
         shard = await self.runner.shard_for(user_id)  # an owner's events are in its partition
         row = await shard.call("events", lambda events: events.get(event_id))
         if row is None or row.owner != user_id:

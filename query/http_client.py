@@ -35,6 +35,7 @@ from .http_types import (
     StoreManyRequest,
     StoreRequest,
     SupersedeRequest,
+    check_ids,
     format_token,
 )
 from .types import EventView, RetrieveResponse, StoreResult
@@ -131,6 +132,7 @@ class HttpMemoryBackend(MemoryBackend):
     async def delete_message(
         self, user_id: str, event_id: str, *, wait: bool = True
     ) -> StoreResult:
+        check_ids(event_id=event_id)
         params = {"user_id": user_id, "wait": _flag(wait)}
         path = f"history/messages/{_segment(event_id)}"
         return await self._call("DELETE", path, StoreResult, params=params)
@@ -138,12 +140,14 @@ class HttpMemoryBackend(MemoryBackend):
     async def archive(
         self, node_id: str, user_id: str, *, reason: str | None = None, wait: bool = True
     ) -> StoreResult:
+        check_ids(node_id=node_id)
         body = ArchiveRequest(user_id=user_id, reason=reason, wait=wait)
         return await self._call(
             "POST", f"nodes/{_segment(node_id)}/archive", StoreResult, json=body
         )
 
     async def restore(self, node_id: str, user_id: str, *, wait: bool = True) -> StoreResult:
+        check_ids(node_id=node_id)
         body = RestoreRequest(user_id=user_id, wait=wait)
         return await self._call(
             "POST", f"nodes/{_segment(node_id)}/restore", StoreResult, json=body
@@ -152,6 +156,7 @@ class HttpMemoryBackend(MemoryBackend):
     async def supersede(
         self, node_id: str, by_node_id: str, user_id: str, *, wait: bool = True
     ) -> StoreResult:
+        check_ids(node_id=node_id)
         body = SupersedeRequest(user_id=user_id, by_node_id=by_node_id, wait=wait)
         path = f"nodes/{_segment(node_id)}/supersede"
         return await self._call("POST", path, StoreResult, json=body)
@@ -183,6 +188,7 @@ class HttpMemoryBackend(MemoryBackend):
         return await self._call("GET", "history", list[Message], params=params)
 
     async def get_event(self, event_id: str, user_id: str) -> EventView:
+        check_ids(event_id=event_id)
         view = await self._call(
             "GET", f"events/{_segment(event_id)}", EventView, params={"user_id": user_id}
         )
@@ -190,6 +196,7 @@ class HttpMemoryBackend(MemoryBackend):
         return msgspec.structs.replace(view, record=record)
 
     async def get_event_nodes(self, event_id: str, user_id: str) -> list[str]:
+        check_ids(event_id=event_id)
         path = f"events/{_segment(event_id)}/nodes"
         return await self._call("GET", path, list[str], params={"user_id": user_id})
 

@@ -14,15 +14,12 @@ import msgspec
 from prme.producers.producer import MAX_REASON_CHARS, MessageDraft, check_content, check_history
 from prme.producers.transport import Position
 from prme.schemas.cluster import ClusterMember, TopicRefused
-from prme.schemas.errors import InvalidInput
-from prme.schemas.records import Role
+from prme.schemas.errors import InvalidInput, patterns_in_words
+from prme.schemas.records import USER_ID_PATTERN, Role, UserIdField
 
 from .fusion import FusionName
 from .types import Bundle, MemoryResult, Receipt
 
-USER_ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"
-"""An owner id: no control characters (the producer refuses them), no whitespace at
-either end (the record's own rule)."""
 TEXT_PATTERN = r"\S"
 """Text that is not empty or whitespace only (a search: somewhere a non-space)."""
 TOKEN_PATTERN = r"^[0-9]+:[0-9]+$"
@@ -34,15 +31,6 @@ PATTERN_WORDS = {
 }
 """What the request types' patterns mean, for error messages."""
 
-UserIdField = Annotated[
-    str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=256,
-        pattern=USER_ID_PATTERN,
-        description="the owner: 1-256 characters, no control characters, no surrounding space",
-    ),
-]
 IdField = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 QueryText = Annotated[str, msgspec.Meta(min_length=1, pattern=TEXT_PATTERN)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -57,6 +45,27 @@ class Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 
 BodyT = TypeVar("BodyT", bound=Body)
+
+_ID_TYPES: dict[str, Any] = {
+    "user_id": UserIdField,
+    "session_id": IdField,
+    "scope": IdField,
+    "event_id": IdField,
+    "node_id": IdField,
+    "by_node_id": IdField,
+}
+
+
+def check_ids(**ids: object) -> None:
+    """Owner, session, scope, event and node ids checked as the service checks them (an
+    argument passed in-process is not decoded): InvalidInput naming the argument, e.g. for
+    ``user_id=""``, ``" alice "`` or ``None``."""
+    for name, value in ids.items():
+        try:
+            msgspec.convert(value, _ID_TYPES[name])
+        except msgspec.ValidationError as error:
+            reason = patterns_in_words(str(error), PATTERN_WORDS)
+            raise InvalidInput(f"invalid {name}: {reason} - at `{name}`") from None
 
 
 def checked(request: BodyT) -> BodyT:

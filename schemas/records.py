@@ -20,6 +20,19 @@ OwnerId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=OWNE
 PATTERN_WORDS = {OWNER_PATTERN: "Expected an owner id without whitespace at either end"}
 """What the records' patterns mean, for error messages (``errors.patterns_in_words``)."""
 Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+USER_ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"
+"""An owner id as the API takes it: no control characters (the producer refuses them),
+no whitespace at either end (the record's own rule)."""
+UserIdField = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=256,
+        pattern=USER_ID_PATTERN,
+        description="the owner: 1-256 characters, no control characters, no surrounding space",
+    ),
+]
+"""The owner id of every API request, and of the owners API keys are bound to."""
 Role = Literal["user", "assistant", "system", "tool", "function", "developer"]
 ROLES: frozenset[str] = frozenset(Role.__args__)  # type: ignore[attr-defined]
 ContentBlock = dict[str, Any]

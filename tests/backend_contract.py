@@ -53,6 +53,65 @@ class MemoryBackendContract:
         with pytest.raises(InvalidInput, match="max_query_bytes"):
             await backend.retrieve("cat " * 5000, "alice")
 
+    async def test_bad_owner_session_scope_and_event_ids_are_invalid_input(
+        self, backend: MemoryBackend
+    ) -> None:
+        """Found by a new-user trial: embedded, ``history(user_id="")`` and a blank session
+        answered ``[]`` and ``None`` raised AttributeError or TypeError, where the service
+        answered 400; an empty event or node id was a 404 or 405 over HTTP."""
+        stored = await backend.store("Miso is a cat", "alice", session_id="s1")
+        node = stored.node_ids[0]
+        calls = {
+            "user_id": [
+                lambda bad: backend.store("x", bad),
+                lambda bad: backend.history(bad),
+                lambda bad: backend.add_messages(bad, "s1", []),
+                lambda bad: backend.clear_history(bad, "s1"),
+                lambda bad: backend.replace_history(bad, "s1", []),
+                lambda bad: backend.delete_message(bad, stored.event_id),
+                lambda bad: backend.get_event(stored.event_id, bad),
+                lambda bad: backend.get_event_nodes(stored.event_id, bad),
+                lambda bad: backend.archive(node, bad),
+                lambda bad: backend.restore(node, bad),
+                lambda bad: backend.supersede(node, node, bad),
+                lambda bad: backend.erase_owner(bad),
+                lambda bad: backend.retrieve("cat", bad),
+            ],
+            "session_id": [
+                lambda bad: backend.store("x", "alice", session_id=bad),
+                lambda bad: backend.history("alice", bad),
+                lambda bad: backend.add_messages("alice", bad, []),
+                lambda bad: backend.clear_history("alice", bad),
+                lambda bad: backend.replace_history("alice", bad, []),
+            ],
+            "scope": [
+                lambda bad: backend.store("x", "alice", scope=bad),
+                lambda bad: backend.history("alice", "s1", scope=bad),
+                lambda bad: backend.add_messages("alice", "s1", [], scope=bad),
+                lambda bad: backend.clear_history("alice", "s1", scope=bad),
+                lambda bad: backend.replace_history("alice", "s1", [], scope=bad),
+            ],
+            "event_id": [
+                lambda bad: backend.get_event(bad, "alice"),
+                lambda bad: backend.get_event_nodes(bad, "alice"),
+                lambda bad: backend.delete_message("alice", bad),
+            ],
+            "node_id": [
+                lambda bad: backend.archive(bad, "alice"),
+                lambda bad: backend.restore(bad, "alice"),
+                lambda bad: backend.supersede(bad, node, "alice"),
+                lambda bad: backend.supersede(node, bad, "alice"),
+            ],
+        }
+        bad_values: dict[str, list[object]] = {"user_id": ["", " alice ", "a\x00b", None]}
+        for name, makes in calls.items():
+            for bad in bad_values.get(name, ["", "x" * 257, None]):
+                for index, make in enumerate(makes):
+                    with pytest.raises(InvalidInput, match=name) as caught:
+                        await make(bad)
+                    assert type(caught.value) is InvalidInput, (name, bad, index)
+        assert [m.content for m in await backend.history("alice", "s1")] == ["Miso is a cat"]
+
     async def test_a_batch_is_atomic_and_a_bad_draft_writes_nothing(
         self, backend: MemoryBackend
     ) -> None:
