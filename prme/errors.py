@@ -1,6 +1,7 @@
 """The one exception hierarchy (defined in ``prme.schemas.errors``)."""
 
 from prme.schemas.errors import (
+    ClientClosed,
     ConfigurationError,
     ConsistencyTimeout,
     DataDirInUse,
@@ -20,6 +21,7 @@ from prme.schemas.errors import (
 )
 
 __all__ = [
+    "ClientClosed",
     "ConfigurationError",
     "ConsistencyTimeout",
     "DataDirInUse",

@@ -13,7 +13,7 @@ from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
 from prme.projectors.embeddings.protocol import EmbeddingProvider
 from prme.schemas.config import Settings
-from prme.schemas.errors import ConfigurationError
+from prme.schemas.errors import ClientClosed, ConfigurationError
 from prme.schemas.records import Message
 
 from .backend import MemoryBackend
@@ -53,10 +53,13 @@ class AsyncMemoryClient(MemoryBackend):
             else functools.partial(_open_embedded, directory, settings, embedding_provider)
         )
         self._backend: MemoryBackend | None = None
+        self._closed = False
         self._lock = asyncio.Lock()
 
     async def _get(self) -> MemoryBackend:
         async with self._lock:
+            if self._closed:  # opening it again would hold the directory with no owner
+                raise ClientClosed("this AsyncMemoryClient is closed: open a new one")
             if self._backend is None:
                 self._backend = await self._open()
             return self._backend
@@ -150,6 +153,7 @@ class AsyncMemoryClient(MemoryBackend):
 
     async def close(self) -> None:
         async with self._lock:
+            self._closed = True
             if self._backend is not None:
                 await self._backend.close()
                 self._backend = None

@@ -17,7 +17,7 @@ from prme.producers.producer import MessageDraft
 from prme.producers.transport import Position
 from prme.projectors.embeddings.protocol import EmbeddingProvider
 from prme.schemas.config import Settings
-from prme.schemas.errors import ConfigurationError
+from prme.schemas.errors import ClientClosed, ConfigurationError
 from prme.schemas.records import Message
 
 from .client import AsyncMemoryClient, check_target, make_async_client
@@ -160,6 +160,9 @@ class MemoryClient:
         return self._worker.loop
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._closed:  # its worker loop is stopped, or another client's
+            coroutine.close()  # never started: closed, it is not "never awaited"
+            raise ClientClosed("this MemoryClient is closed: open a new one")
         return self._worker.run(coroutine, self._timeout_s)
 
     def store(
@@ -299,7 +302,7 @@ class MemoryClient:
             _PACKS.release(self._directory, self._timeout_s)
             return
         try:
-            self._run(self._client.close())
+            self._worker.run(self._client.close(), self._timeout_s)
         finally:
             self._worker.stop()
 

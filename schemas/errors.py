@@ -50,6 +50,11 @@ class UnsupportedRecordVersion(RecordDecodeError):
     """The record's schema version ``v`` is newer than this decoder supports."""
 
 
+class ClientClosed(PRMEError, RuntimeError):
+    """A ``MemoryClient`` or ``AsyncMemoryClient`` was used after ``close()`` (or after
+    its ``with`` block): nothing was sent or written."""
+
+
 class TransportError(PRMEError):
     """The log transport failed (broker unreachable, file locked, ...)."""
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from prme import AsyncMemoryClient, MemoryClient
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
-from prme.schemas.errors import ConfigurationError
+from prme.schemas.errors import ClientClosed, ConfigurationError
 
 
 class LoopBoundProvider(HashedBagOfWordsProvider):
@@ -97,3 +99,57 @@ async def test_the_async_client_has_the_same_surface(tmp_path: Path) -> None:
         assert [r.text for r in (await client.retrieve("async", "alice")).results] == [
             "async write"
         ]
+
+
+def _refused_without_warnings(call: Callable[[], object]) -> None:
+    """``call`` raises ClientClosed, and leaves no coroutine unawaited behind it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ClientClosed, match="closed"):
+            call()
+        gc.collect()  # an unawaited coroutine warns when it is collected
+    assert [str(w.message) for w in caught] == []
+
+
+def test_a_closed_client_says_it_is_closed(tmp_path: Path) -> None:
+    """Found by a new-user trial: a client used after its ``with`` block raised
+    ``RuntimeError: Event loop is closed`` and warned of a coroutine never awaited, embedded
+    and over HTTP."""
+    with MemoryClient(tmp_path / "pack", embedding_provider=HashedBagOfWordsProvider()) as m:
+        m.store("Aurora needs approval.", user_id="pat")
+    _refused_without_warnings(lambda: m.store("x", user_id="pat"))
+    _refused_without_warnings(lambda: m.history("pat"))
+    # Another client of the same directory keeps the shared engine open: still refused.
+    provider = HashedBagOfWordsProvider()
+    first = MemoryClient(tmp_path / "pack", embedding_provider=provider)
+    second = MemoryClient(tmp_path / "pack", embedding_provider=provider)
+    try:
+        first.close()
+        _refused_without_warnings(lambda: first.history("pat"))
+        assert [m.content for m in second.history("pat")] == ["Aurora needs approval."]
+    finally:
+        second.close()
+    remote = MemoryClient(url="http://127.0.0.1:9", timeout_s=5)  # nothing is sent
+    remote.close()
+    _refused_without_warnings(lambda: remote.store("x", user_id="pat"))
+    remote.close()  # closing again is harmless
+
+
+async def test_a_closed_async_client_says_it_is_closed(tmp_path: Path) -> None:
+    """An async client used after ``close()`` opened its engine again (and held the data
+    directory until the process exited)."""
+    async with AsyncMemoryClient(
+        tmp_path / "pack", embedding_provider=HashedBagOfWordsProvider()
+    ) as client:
+        await client.store("async write", "pat")
+    with pytest.raises(ClientClosed, match="closed"):
+        await client.store("again", "pat")
+    with pytest.raises(ClientClosed, match="closed"):
+        async with client:
+            pass
+    assert client.engine is None
+    reopened = MemoryClient(tmp_path / "pack", embedding_provider=HashedBagOfWordsProvider())
+    try:  # the directory was released: nothing holds it
+        assert [m.content for m in reopened.history("pat")] == ["async write"]
+    finally:
+        reopened.close()
