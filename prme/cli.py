@@ -37,10 +37,16 @@ def _settings(args: argparse.Namespace) -> Settings:
     if log:
         overrides["log"] = log
     settings = Settings.from_env(**overrides)
-    if settings.data_path.exists() and not settings.data_path.is_dir():
-        from prme.schemas.errors import ConfigurationError
+    from prme.producers.paths import file_in_the_way
+    from prme.schemas.errors import ConfigurationError
 
+    blocker = file_in_the_way(settings.data_path)
+    if blocker == settings.data_path:
         raise ConfigurationError(f"the data directory {settings.data_dir} is a file")
+    if blocker is not None:
+        raise ConfigurationError(
+            f"the data directory {settings.data_dir} cannot be made: {blocker} is a file"
+        )
     return settings
 
 
@@ -367,7 +373,6 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
     from prme.schemas.metrics import Metrics
     from prme.schemas.tracing import Tracing
 
-    settings.data_path.mkdir(parents=True, exist_ok=True)
     lock = DataDirLock.acquire(settings.data_path)
     transport, dead_letters = open_transport(settings), open_dead_letters(settings)
     await transport.start()
@@ -438,7 +443,6 @@ def _project_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    settings.data_path.mkdir(parents=True, exist_ok=True)
     try:
         lock = DataDirLock.acquire(settings.data_path)  # the workers share it with us
     except DataDirInUse as error:

@@ -10,6 +10,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+from .paths import make_dir, refused
+
 _FIRST_RETRY_S = 0.005
 _LONGEST_RETRY_S = 0.1
 
@@ -21,11 +23,17 @@ def connect_wal(path: Path, *, timeout_s: float = 30.0) -> sqlite3.Connection:
 
     Switching a file to WAL takes its exclusive lock without SQLite's busy handler (waiting
     there could deadlock), so a process opening a fresh file while another switches it gets
-    "database is locked" at once: the switch is retried until ``timeout_s``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    connection = sqlite3.connect(
-        path, timeout=timeout_s, isolation_level=None, check_same_thread=False
-    )
+    "database is locked" at once: the switch is retried until ``timeout_s``.
+
+    A file that cannot be opened (a read-only directory, a file where a folder goes) is a
+    ConfigurationError naming it."""
+    make_dir(path.parent)
+    try:
+        connection = sqlite3.connect(
+            path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.OperationalError as error:
+        raise refused(path, error) from None
     deadline = time.monotonic() + timeout_s
     delay = _FIRST_RETRY_S
     while True:
@@ -33,7 +41,10 @@ def connect_wal(path: Path, *, timeout_s: float = 30.0) -> sqlite3.Connection:
             connection.execute("PRAGMA journal_mode=WAL")
             return connection
         except sqlite3.OperationalError as error:
-            if "locked" not in str(error) or time.monotonic() + delay > deadline:
+            if "locked" not in str(error):  # the first statement opens the file
+                connection.close()
+                raise refused(path, error) from None
+            if time.monotonic() + delay > deadline:
                 connection.close()
                 raise
         time.sleep(delay)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
+from prme.producers.paths import make_dir, refused
 from prme.schemas.errors import DataDirInUse
 
 LOCK_FILE = "prme.lock"
@@ -36,8 +37,14 @@ class DataDirLock:
 
     @classmethod
     def acquire(cls, directory: Path) -> Self:
+        """The lock of ``directory`` (created where missing); DataDirInUse while another
+        process holds it, ConfigurationError naming a directory that cannot be used."""
+        make_dir(directory)
         path = directory / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            raise refused(path, error) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -146,7 +146,6 @@ class MemoryEngine(MemoryBackend):
         url_reached: bool = False,
     ) -> Self:
         data_dir = settings.data_path
-        data_dir.mkdir(parents=True, exist_ok=True)
         lock = DataDirLock.acquire(data_dir)
         try:
             return await cls._start_locked(

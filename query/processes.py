@@ -48,7 +48,6 @@ def serve_processes(settings: Settings, processes: int, options: Sequence[str]) 
     sockets = [listen(host, port)]  # a taken port is refused before the directory is made
     try:
         data_dir = settings.data_path
-        data_dir.mkdir(parents=True, exist_ok=True)
         lock = DataDirLock.acquire(data_dir)
         try:
             return _serve_children(settings, processes, options, host, sockets, lock)

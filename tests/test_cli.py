@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -203,6 +203,80 @@ def test_a_data_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
         result = prme(*command, "--data-dir", str(afile))
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip() == f"prme {command[0]}: the data directory {afile} is a file"
+    assert afile.read_text() == "mine"
+
+
+DATA_DIR_COMMANDS = [
+    ["audit", "--owner", "jo"],
+    ["ingest", "IN", "--quiet"],
+    ["rebuild", "--quiet"],
+    ["serve", "--port", "0"],
+    ["project"],
+    ["mcp"],
+]
+"""Every command that opens a data directory (``IN``: the JSONL file to ingest)."""
+
+
+def check_refused_data_dir(
+    data_dir: Path, source: Path, expected: str, prefix: Sequence[str] = ()
+) -> None:
+    """Each command refuses ``data_dir`` in one line that names it and ``expected``, with
+    exit status 2 (``prefix``: what runs the command, e.g. under a read-only mount)."""
+    for command in DATA_DIR_COMMANDS:
+        args = [str(source) if a == "IN" else a for a in command]
+        result = subprocess.run(
+            [*prefix, sys.executable, "-m", "prme.cli", *args, "--data-dir", str(data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (command, result.stderr)
+        assert len(lines) == 1 and lines[0].startswith(f"prme {command[0]}: "), result.stderr
+        assert str(data_dir) in lines[0] and expected in lines[0], (command, lines[0])
+
+
+def read_only(directory: Path) -> list[str]:
+    """What to run a command under for ``directory`` to be read-only to it: nothing once it
+    is ``chmod 0555`` (a user's); for root, whom modes do not stop, a read-only bind mount
+    in a mount namespace of its own (``unshare -m``), or a skip where none can be made."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return []
+    mount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
+    prefix = ["unshare", "-m", "sh", "-c", mount, str(directory)]
+    try:
+        probe = subprocess.run([*prefix, "touch", str(directory / "probe")], capture_output=True)
+    except FileNotFoundError:
+        pytest.skip("running as root (chmod does not stop root) and unshare is missing")
+    if probe.returncode == 0 or b"Read-only" not in probe.stderr:
+        pytest.skip(f"running as root and no read-only mount can be made: {probe.stderr!r}")
+    return prefix
+
+
+def test_a_read_only_data_dir_is_one_line_naming_it(tmp_path: Path) -> None:
+    """Found by a new-user trial: on a read-only data directory every command died with a
+    traceback (``sqlite3.OperationalError: unable to open database file``, ``OSError:
+    [Errno 30] Read-only file system: '.../prme.lock'``)."""
+    pack = tmp_path / "pack"
+    source = write_jsonl(tmp_path / "in.jsonl", LINES)
+    assert prme("ingest", str(source), "--quiet", "--data-dir", str(pack)).returncode == 0
+    before = sorted(p.name for p in pack.iterdir())
+    try:
+        check_refused_data_dir(pack, source, "not writable", read_only(pack))
+    finally:
+        pack.chmod(0o755)
+    assert sorted(p.name for p in pack.iterdir()) == before
+
+
+def test_a_data_dir_below_a_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    """Found by a new-user trial: ``prme serve --data-dir afile/sub`` died with a
+    ``NotADirectoryError`` traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    source = write_jsonl(tmp_path / "in.jsonl", LINES)
+    check_refused_data_dir(afile / "sub", source, f"{afile} is a file")
     assert afile.read_text() == "mine"
 
 

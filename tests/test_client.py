@@ -153,3 +153,12 @@ async def test_a_closed_async_client_says_it_is_closed(tmp_path: Path) -> None:
         assert [m.content for m in reopened.history("pat")] == ["async write"]
     finally:
         reopened.close()
+
+
+def test_a_directory_below_a_file_is_a_configuration_error_naming_it(tmp_path: Path) -> None:
+    """It was a NotADirectoryError traceback from deep inside the engine's start."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    with pytest.raises(ConfigurationError, match=f"{afile} is a file"):
+        MemoryClient(afile / "sub", embedding_provider=HashedBagOfWordsProvider())
+    assert afile.read_text() == "mine"
