@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -11,6 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from .errors import ConfigurationError
+from .records import UserIdField
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -144,6 +146,24 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: Port = 8765
     api_keys: dict[str, str] = {}
     """API key -> owner it may act for; the owner ``*`` marks an admin key."""
+
+    def __post_init__(self) -> None:
+        # A key no request can present (headers are trimmed), or an owner no request can
+        # name, is a mistake: refused, naming the owner, never the key.
+        for key, owner in self.api_keys.items():
+            if not key:
+                raise ValueError(f"service.api_keys has an empty key (for owner {owner!r})")
+            if key != key.strip() or _CONTROL.search(key):
+                raise ValueError(
+                    f"service.api_keys has a key (for owner {owner!r}) with surrounding "
+                    "whitespace or control characters: requests could never present it"
+                )
+            if owner != "*" and not _is_owner_id(owner):
+                raise ValueError(
+                    f"service.api_keys binds a key to the owner {owner!r}: an owner is '*' "
+                    "(admin) or an owner id (1-256 characters, no control characters, no "
+                    "whitespace at either end)"
+                )
 
 
 class McpSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -285,6 +305,17 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.models_dir:
             return Path(self.models_dir)
         return Path(os.path.expanduser("~/.cache/prme/models"))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _is_owner_id(owner: str) -> bool:
+    try:
+        msgspec.convert(owner, UserIdField)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 def _merge(tree: dict[str, Any], changes: Mapping[str, Any]) -> None:

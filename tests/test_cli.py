@@ -587,6 +587,41 @@ def test_careless_counts_and_settings_are_refused_before_anything_is_written(
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.parametrize(
+    ("keys", "problem"),
+    [
+        ('{"": "*"}', "an empty key"),
+        ('{" sk-pad ": "alice"}', "whitespace"),
+        ('{"sk-tab\\tkey": "alice"}', "control characters"),
+        ('{"sk-x": ""}', "owner"),
+        ('{"sk-x": " alice "}', "owner"),
+    ],
+)
+def test_api_keys_that_can_never_authenticate_are_refused_without_echoing_them(
+    tmp_path: Path, keys: str, problem: str
+) -> None:
+    """Found by a new-user trial: an empty key, a padded one (headers are trimmed, so
+    ``Bearer  sk-pad `` was 401) and an empty owner started a service without a word."""
+    try:
+        refused = subprocess.run(
+            [sys.executable, "-m", "prme.cli", "serve", "--port", "0"]
+            + ["--data-dir", str(tmp_path / "never")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PRME_SERVICE__API_KEYS": keys},
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"prme serve started with PRME_SERVICE__API_KEYS={keys}")
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prme serve: invalid settings"), lines
+    assert problem in lines[0] and "service.api_keys" in lines[0], lines[0]
+    for key in json.loads(keys):
+        assert not key.strip() or key.strip() not in lines[0]  # the key is never echoed
+    assert not (tmp_path / "never").exists()
+
+
 def test_a_taken_port_is_refused_before_the_pack_is_opened(tmp_path: Path) -> None:
     """Found by a cluster trial: a node whose port was taken opened its pack and joined its
     group (taking partitions from the others) before uvicorn failed to bind."""
