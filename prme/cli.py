@@ -118,6 +118,31 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"a port (0 to 65535), not {text!r}") from error
 
 
+def _owner(text: str) -> str:
+    """``--owner``: an owner id, as the API takes one."""
+    from prme.schemas.records import UserIdField
+
+    try:
+        return msgspec.convert(text, UserIdField)
+    except msgspec.ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"an owner id (1 to 256 characters, no control characters, no whitespace at "
+            f"either end), not {text!r}"
+        ) from None
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: more than 0 seconds and at most a day, as the settings' timeouts."""
+    from prme.schemas.config import Seconds
+
+    try:
+        return msgspec.convert(float(text), Seconds)
+    except (ValueError, msgspec.ValidationError):
+        raise argparse.ArgumentTypeError(
+            f"a number of seconds above 0 (at most 86400), not {text!r}"
+        ) from None
+
+
 def _positive(text: str) -> int:
     """``--processes``, ``--workers``: a count of at least 1."""
     try:
@@ -509,7 +534,8 @@ def _status(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     url = (args.url or f"http://{settings.service.host}:{settings.service.port}").rstrip("/")
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    key = args.api_key or settings.api_key  # PRME_API_KEY keeps it off the command line
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         response = httpx.get(f"{url}/v1/status", headers=headers, timeout=args.timeout)
     except httpx.HTTPError as error:
@@ -632,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.set_defaults(run=lambda a: asyncio.run(_ingest(a)))
 
     audit = commands.add_parser("audit", help="print every raw record of an owner (JSON lines)")
-    audit.add_argument("--owner", required=True)
+    audit.add_argument("--owner", required=True, type=_owner, help="the owner id")
     _add_log_options(audit)
     audit.set_defaults(run=lambda a: asyncio.run(_audit(a)))
 
@@ -718,8 +744,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--url", help="the service (default http://PRME_SERVICE__HOST:PRME_SERVICE__PORT)"
     )
-    status.add_argument("--api-key", help="sent as a bearer token, if the service wants one")
-    status.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    status.add_argument(
+        "--api-key",
+        help="sent as a bearer token, if the service wants one; PRME_API_KEY does the same "
+        "without showing the key in ps",
+    )
+    status.add_argument("--timeout", type=_seconds, default=30.0, help="seconds (default 30)")
     status.set_defaults(run=_status)
 
     mcp = commands.add_parser(

@@ -238,6 +238,9 @@ class TracingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_dir: str = "./memory"
     models_dir: str | None = None
+    api_key: str | None = None
+    """``PRME_API_KEY``: the key ``prme status`` sends to the service (an environment
+    variable, unlike ``--api-key``, is not shown to every user by ``ps``)."""
     log: LogSettings = LogSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()
     scoring: ScoringSettings = ScoringSettings()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -620,6 +622,63 @@ def test_api_keys_that_can_never_authenticate_are_refused_without_echoing_them(
     for key in json.loads(keys):
         assert not key.strip() or key.strip() not in lines[0]  # the key is never echoed
     assert not (tmp_path / "never").exists()
+
+
+def test_audit_refuses_a_bad_owner_and_status_a_timeout_that_is_not_positive(
+    tmp_path: Path,
+) -> None:
+    """Found by a new-user trial: ``prme audit --owner ""`` exited 0 with no output, and
+    ``prme status --timeout 0`` reported "no PRME service answers" (Errno 115)."""
+    pack = tmp_path / "pack"
+    source = write_jsonl(tmp_path / "in.jsonl", LINES)
+    assert prme("ingest", str(source), "--quiet", "--data-dir", str(pack)).returncode == 0
+    for owner in ("", " alice ", "a\tb"):
+        refused = prme("audit", "--owner", owner, "--data-dir", str(pack))
+        assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+        assert "argument --owner" in refused.stderr and "owner id" in refused.stderr
+    for timeout in ("0", "-1", "nan", "inf", "soon"):
+        refused = prme("status", "--timeout", timeout, "--url", "http://127.0.0.1:9")
+        assert refused.returncode == 2, (timeout, refused.stderr)
+        assert "argument --timeout" in refused.stderr and "answers" not in refused.stderr
+
+
+class _KeyedStatus(http.server.BaseHTTPRequestHandler):
+    """``GET /v1/status`` behind a key, as a proxy in front of a service may put it."""
+
+    def do_GET(self) -> None:
+        if self.headers.get("Authorization") != "Bearer sk-status":
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = json.dumps({"refused": [], "duplicates": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_status_takes_its_api_key_from_the_environment() -> None:
+    """Found by a new-user trial: the key could only be given as ``--api-key KEY``, on the
+    command line that ``ps`` shows every user."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeyedStatus)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        keyed = prme("status", "--json", "--url", url, env={"PRME_API_KEY": "sk-status"})
+        assert keyed.returncode == 0, keyed.stderr
+        assert json.loads(keyed.stdout) == {"refused": [], "duplicates": []}
+        flagged = prme("status", "--json", "--url", url, "--api-key", "sk-status")
+        assert flagged.returncode == 0, flagged.stderr
+        unkeyed = prme("status", "--json", "--url", url, env={"PRME_API_KEY": "sk-wrong"})
+        assert unkeyed.returncode == 1 and "answered 401" in unkeyed.stderr
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
 
 
 def test_a_taken_port_is_refused_before_the_pack_is_opened(tmp_path: Path) -> None:
