@@ -555,16 +555,23 @@ def _status(args: argparse.Namespace) -> int:
         print(response.text)
     else:
         print(render_status(status))
-    # A member the group refused is a misconfigured cluster: a health check should say so.
-    return (
-        1 if status.get("refused") or status.get("duplicates") or status.get("other_topic") else 0
+    # A member the group refused is a misconfigured cluster, and a projector that stopped
+    # (its node left the group) a broken node: a health check should say so.
+    failing = (
+        status.get("refused")
+        or status.get("duplicates")
+        or status.get("other_topic")
+        or status.get("failure")
     )
+    return 1 if failing else 0
 
 
 def render_status(status: dict[str, Any]) -> str:
     """The text form of ``prme status``: one line per partition, then the group."""
     embedding = status["embedding"]
-    lines = [
+    failure = status.get("failure")
+    lines = [f"FAILED: {failure}"] if failure else []
+    lines += [
         f"transport {status['transport']}  group {status['group']}  "
         f"lag {status['lag_records']} records  dead letters {status['dead_letters']}",
         f"embedding {embedding['model_name']} {embedding['model_version']} "
@@ -738,7 +745,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ask a running `prme serve` (GET /v1/status) which partitions it projects, "
         "each one's log end, applied offset, lag and size on disk, its dead letters, its "
         "embedding identity and, on Kafka, the consumer group's members. Exits 1 when no "
-        "service answers or the group refused a node (REFUSED lines).",
+        "service answers, the group refused a node (REFUSED lines) or the node's projector "
+        "stopped (a FAILED line).",
     )
     status.add_argument("--json", action="store_true", help="print the JSON document")
     status.add_argument(

@@ -193,6 +193,8 @@ class ProjectorRunner:
         whole replay chunk."""
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self.left_group = asyncio.Event()
+        """Set once a failed projector has left its consumer group."""
         self._stopping = False
         self._assigned = asyncio.Event()
         self._owned_last: set[int] = set()
@@ -230,6 +232,7 @@ class ProjectorRunner:
             await self.keys.start()
         if not join:
             return
+        await self._check_provider()
         if self.changelog is not None:
             await self.changelog.start()
         self._held = {p: 0 for p in existing_shards(self._data_dir)}
@@ -255,6 +258,22 @@ class ProjectorRunner:
                 may_sweep=self._may_clean,
             )
             self.state_cleaner.start()
+
+    async def _check_provider(self) -> None:
+        """Before joining: the embedding model's files are there (or can be fetched). A
+        model that loads only at the first embed failed the projector after the node took
+        its partitions; a provider with ``prepare`` fails the start instead (milliseconds
+        when the files are on disk: the model itself still loads at the first embed)."""
+        prepare = getattr(self.provider, "prepare", None)
+        if not callable(prepare):
+            return
+        try:
+            await asyncio.to_thread(prepare)
+        except Exception as error:
+            raise ConfigurationError(
+                f"the embedding model {self.identity.model_name} cannot be loaded: {error} "
+                "(check PRME_EMBEDDING__MODEL, the models directory and the network)"
+            ) from error
 
     async def hold_stored(self) -> list[int]:
         """Open the shards stored in this data directory without joining the group, for a
@@ -596,11 +615,13 @@ class ProjectorRunner:
     # -- applying ----------------------------------------------------------------------
 
     async def _run(self) -> None:
-        assert self._consumer is not None
+        consumer = self._consumer
+        assert consumer is not None
         try:
             size = self._batch_size
-            while not self._stopping:
-                batches = await self._consumer.poll(size, POLL_S)
+            # A failure an assignment met (``_refuse``) ends the loop too.
+            while not self._stopping and self._failure is None:
+                batches = await consumer.poll(size, POLL_S)
                 if batches:
                     await self._apply(batches)
                 await self._refresh_positions()
@@ -614,9 +635,38 @@ class ProjectorRunner:
             if isinstance(error, TransportError):
                 self.metrics.transport_errors.labels(transport_label(self.transport), "poll").inc()
             self._failure = error
-            async with self._progress:
-                self._progress.notify_all()
-            raise
+        if not self._stopping:
+            await self._leave_group()
+
+    async def _leave_group(self) -> None:
+        """The projector failed: leave the consumer group, as a Kafka Streams thread that
+        dies does, so the group moves this node's partitions to members that apply them.
+        A failed member that stayed kept heartbeating, and its partitions answered 503 on
+        every node for as long as it ran. Its shards close (a request for their owners is
+        then forwarded to the new owners); the process keeps serving ``/v1/health`` and
+        answers ``/v1/ready`` 503 with the failure, until an operator restarts it."""
+        failure = self._failure
+        _log.error(
+            "the projector stopped: %r; leaving consumer group %s so that its partitions "
+            "move to the other members (restart this node once the cause is fixed)",
+            failure,
+            self._group,
+        )
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.close()  # sends LeaveGroup: a rebalance starts at once
+        self._owned_last = set()
+        self.metrics.cluster_partitions.labels("owner").set(0)
+        for partition in list(self.shards):
+            with contextlib.suppress(Exception):  # a shard the failure broke: still let go
+                await self._close_shard(partition)
+        with contextlib.suppress(Exception):
+            await self._close_parked(keep=set())
+        with contextlib.suppress(Exception):
+            await self.standbys.close()
+        async with self._progress:
+            self._progress.notify_all()
+        self.left_group.set()
 
     async def _apply(self, batches: dict[int, list[Any]]) -> None:
         """Apply each partition's entries; shards work at the same time (each on its own

@@ -103,6 +103,8 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """The topic the group reads (its map's)."""
     other_topic: list[TopicRefused] = []
     """Nodes the group gave nothing because they read another topic."""
+    failure: str | None = None
+    """Why this process's projector stopped (it then left the group); None while it runs."""
 
 
 async def node_status(runner: ProjectorRunner) -> NodeStatus:
@@ -132,7 +134,22 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
         else sorted(runner.cluster_map.duplicates.values()),
         topic="" if runner.cluster_map is None else runner.cluster_map.topic,
         other_topic=[] if runner.cluster_map is None else list(runner.cluster_map.other_topic),
+        failure=projector_failure(runner),
     )
+
+
+def projector_failure(runner: ProjectorRunner) -> str | None:
+    """Why this process's projector stopped, and what became of its partitions; None
+    while it runs."""
+    failure = runner.failure
+    if failure is None:
+        return None
+    if runner.left_group.is_set() and transport_label(runner.transport) == "kafka":
+        moved = f"; this node left consumer group {runner.group}, its partitions moved to the "
+        moved += "other members: restart it once the cause is fixed"
+    else:
+        moved = ""
+    return f"the projector stopped: {failure!r}{moved}"
 
 
 def record_statuses(metrics: Metrics, statuses: list[PartitionStatus]) -> None:

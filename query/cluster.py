@@ -113,9 +113,16 @@ class ClusterRouter:
         members = list(self.settings.cluster.static_members)
         if members:
             self._polled = static_map(members, self.transport.partitions)
-        elif not self.settings.cluster.project and hasattr(self.transport, "cluster_map"):
-            await self._poll_once()
-            self._poller = asyncio.create_task(self._poll(), name="prme-cluster-map")
+        elif hasattr(self.transport, "cluster_map"):
+            if self.settings.cluster.project:
+                # A member whose projector fails leaves the group (no more maps come with
+                # assignments): from then on it routes like a serve-only node.
+                self._poller = asyncio.create_task(
+                    self._poll_after_leaving(), name="prme-cluster-map"
+                )
+            else:
+                await self._poll_once()
+                self._poller = asyncio.create_task(self._poll(), name="prme-cluster-map")
 
     async def close(self) -> None:
         if self._poller is not None:
@@ -160,6 +167,11 @@ class ClusterRouter:
         if found is not None and (self._polled is None or found != self._polled):
             self._polled = found
             self._changed.set()
+
+    async def _poll_after_leaving(self) -> None:
+        await self.runner.left_group.wait()
+        await self._poll_once()
+        await self._poll()
 
     async def _poll(self) -> None:
         while True:

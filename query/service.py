@@ -27,7 +27,7 @@ from litestar.openapi.spec import Components, Reference, Schema, SecurityScheme
 from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.typing import FieldDefinition
 
-from prme.projectors.status import partition_statuses
+from prme.projectors.status import partition_statuses, projector_failure
 from prme.schemas.codec import explain_json_error
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
@@ -192,6 +192,8 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
         cluster_map = None if engine.router is None else engine.router.cluster_map
         ok = cluster_map is not None
         detail = "routing (serve-only)" if ok else "no cluster map from the group yet"
+    elif (failure := projector_failure(runner)) is not None:
+        ok, detail = False, failure
     elif (refusal := runner.refusal) is not None:
         ok, detail = False, f"the group gave this node no partitions: {refusal}"
     elif not shards:

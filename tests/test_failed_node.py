@@ -1,0 +1,97 @@
+"""A node whose projector fails leaves its consumer group: its partitions move to the
+healthy nodes, it keeps answering ``/v1/health`` and says why in ``/v1/ready`` and
+``prme status``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from prme.projectors.embeddings.model_assets import MODEL_FILE, default_model_dir
+
+from .cluster_harness import ADMIN_KEY, Node, node_env, running, wait_ready, wait_split
+
+PARTITIONS = 12
+OWNERS = 24
+TAKEOVER_S = 90.0
+"""The bound on the healthy node serving every owner once the other one failed."""
+
+
+def corrupt_default_model(default_model: Path, models_dir: Path) -> None:
+    """A copy of the default model whose ONNX file is garbage of the right size: it passes
+    the quick check at start (manifest and sizes) and fails when the model loads, at the
+    first text the projector embeds (a truncated or damaged download)."""
+    target = default_model_dir(models_dir)
+    shutil.copytree(default_model, target)
+    onnx = target / MODEL_FILE
+    onnx.write_bytes(b"\0" * onnx.stat().st_size)
+
+
+def served(node: Node, owner: str) -> bool:
+    try:
+        response = node.get("/v1/history", params={"user_id": owner})
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200 and [m["content"] for m in response.json()] == [
+        f"{owner} waters the ferns"
+    ]
+
+
+def test_a_node_whose_projector_fails_leaves_the_group_and_its_owners_move(
+    kafka_bootstrap: str, tmp_path: Path, default_model_dir: Path
+) -> None:
+    """Found by an operator trial: a node whose model failed to load kept heartbeating, so
+    the group never moved its partitions, and every read for their owners answered 503 on
+    every node for as long as it ran."""
+    topic = f"failed-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")
+    broken_models = tmp_path / "broken-models"
+    corrupt_default_model(default_model_dir, broken_models)
+    healthy = Node(tmp_path, "healthy", env)
+    broken = Node(tmp_path, "broken", {**env, "PRME_MODELS_DIR": str(broken_models)})
+    with running([healthy]):
+        wait_ready([healthy])
+        wait_split([healthy], PARTITIONS)
+        with running([broken]):
+            # Nothing to embed yet: the broken node joins, takes half, and is ready.
+            wait_ready([broken])
+            wait_split([healthy, broken], PARTITIONS)
+            owners = [f"fern-{i}" for i in range(OWNERS)]
+            for owner in owners:  # the broken node's owners fail it at their first apply
+                written = healthy.post(
+                    "/v1/memories",
+                    {"user_id": owner, "content": f"{owner} waters the ferns", "wait": False},
+                )
+                assert written.status_code in (201, 503), written.text
+            deadline = time.monotonic() + TAKEOVER_S
+            pending = list(owners)
+            while pending:
+                pending = [o for o in pending if not served(healthy, o)]
+                assert time.monotonic() < deadline, (
+                    f"not served by the healthy node: {pending}\n{broken.log()}"
+                )
+            cluster = healthy.get("/v1/cluster").json()
+            assert [m["url"] for m in cluster["members"]] == [healthy.url]
+            assert broken.process is not None and broken.process.poll() is None
+            assert broken.get("/v1/health").status_code == 200
+            ready = broken.get("/v1/ready")
+            detail = ready.json()["detail"]
+            assert ready.status_code == 503, ready.text
+            assert "the projector stopped" in detail and "left consumer group" in detail
+            assert served(broken, owners[0])  # it forwards, with the group's new map
+            status = subprocess.run(
+                [sys.executable, "-m", "prme.cli", "status", "--url", broken.url]
+                + ["--api-key", ADMIN_KEY],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert "FAILED: the projector stopped" in status.stdout, status.stdout + status.stderr
+            assert status.returncode == 1
+
