@@ -1,6 +1,6 @@
 """A node whose projector fails leaves its consumer group: its partitions move to the
 healthy nodes, it keeps answering ``/v1/health`` and says why in ``/v1/ready`` and
-``prme status``."""
+``prme status``. And a model that cannot be had fails the start, before joining."""
 
 from __future__ import annotations
 
@@ -95,3 +95,24 @@ def test_a_node_whose_projector_fails_leaves_the_group_and_its_owners_move(
             assert "FAILED: the projector stopped" in status.stdout, status.stdout + status.stderr
             assert status.returncode == 1
 
+
+def test_a_model_that_cannot_be_had_fails_the_start_before_joining(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The model loads at the first embed: a node without it used to join, take its
+    partitions, and fail there. Now it exits 2 at start, one line, nothing joined."""
+    topic = f"nomodel-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")
+    env.update(
+        {
+            "PRME_EMBEDDING__MODEL": "BAAI/bge-small-en-v1.5",
+            "PRME_MODELS_DIR": str(tmp_path / "empty-models"),
+            "HF_HUB_OFFLINE": "1",  # not in the cache, and never fetched: deterministic
+        }
+    )
+    node = Node(tmp_path, "nomodel", env)
+    with running([node]):
+        assert node.process is not None
+        assert node.process.wait(timeout=120) == 2, node.log()
+    log = node.log()
+    assert "prme serve: the embedding model BAAI/bge-small-en-v1.5 cannot be loaded" in log

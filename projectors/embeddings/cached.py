@@ -114,6 +114,12 @@ class CachedEmbeddingProvider:
             max_entries=self._max_entries,
         )
 
+    def prepare(self) -> None:
+        """The wrapped provider's ``prepare`` (fetch its model's files), if it has one."""
+        prepare = getattr(self._provider, "prepare", None)
+        if callable(prepare):
+            prepare()
+
     def clear(self) -> None:
         self._entries.clear()
         self._query_keys.clear()

@@ -212,7 +212,14 @@ class FastEmbedProvider:
                 self._query_model = self._load(self._query_threads)
             return self._query_model
 
-    def _load(self, threads: int | None) -> TextEmbedding:
+    def prepare(self) -> None:
+        """Fetch the model's files if they are missing, as the first embed would, without
+        loading the model (milliseconds when they are on disk): a node checks this before
+        it joins its group, so a model that cannot be had fails the start, not the
+        projector of a node that holds partitions. Raises what fastembed raises."""
+        self._load(self._threads, lazily=True)
+
+    def _load(self, threads: int | None, *, lazily: bool = False) -> TextEmbedding:
         if self._description is None:
             raise InvalidEmbedding(
                 f"model {self._model_name!r} is not registered with fastembed; register it "
@@ -226,7 +233,7 @@ class FastEmbedProvider:
             options["specific_model_path"] = str(ensure_default_model(models_dir))
         elif self._models_dir is not None:
             options["cache_dir"] = str(self._models_dir)
-        return TextEmbedding(self._model_name, **options)
+        return TextEmbedding(self._model_name, lazy_load=lazily, **options)
 
     def _describe_version(self) -> str:
         recipe = "doc=plain:query=plain"
