@@ -392,7 +392,7 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
 
     from prme.producers.factory import open_dead_letters, open_transport
     from prme.projectors.runner import ProjectorRunner
-    from prme.projectors.status import partition_statuses, record_statuses
+    from prme.projectors.status import partition_statuses, read_log_ends, record_statuses
     from prme.query.data_lock import DataDirLock
     from prme.query.engine import default_provider
     from prme.schemas.metrics import Metrics
@@ -423,8 +423,9 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
 
     async def refresh_lag() -> None:  # the scrape runs on the exporter's thread: no awaiting
         while not stop.is_set():
-            with contextlib.suppress(Exception):  # the log unreachable: keep the last values
-                record_statuses(metrics, await partition_statuses(runner))
+            with contextlib.suppress(Exception):
+                ends = await read_log_ends(runner)  # unreachable: the last ones, marked stale
+                record_statuses(metrics, await partition_statuses(runner, ends=ends), ends)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), LAG_REFRESH_S)
 
@@ -562,6 +563,7 @@ def _status(args: argparse.Namespace) -> int:
         or status.get("duplicates")
         or status.get("other_topic")
         or status.get("failure")
+        or status.get("log_unavailable")  # (as /v1/ready: 503 then)
     )
     return 1 if failing else 0
 
@@ -571,6 +573,10 @@ def render_status(status: dict[str, Any]) -> str:
     embedding = status["embedding"]
     failure = status.get("failure")
     lines = [f"FAILED: {failure}"] if failure else []
+    if unavailable := status.get("log_unavailable"):
+        age = status.get("log_end_age_s")
+        known = "never read" if age is None else f"as read {age:.0f}s ago"
+        lines.append(f"LOG UNAVAILABLE: {unavailable}; log ends and lag below are {known}")
     lines += [
         f"transport {status['transport']}  group {status['group']}  "
         f"lag {status['lag_records']} records  dead letters {status['dead_letters']}",

@@ -193,6 +193,9 @@ class ProjectorRunner:
         whole replay chunk."""
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self.known_log_ends: tuple[dict[int, int], float | None] = ({}, None)
+        """The log ends a status read last, and when (monotonic): what ``/metrics`` and
+        ``/v1/ready`` show, marked stale, while the log does not answer."""
         self.left_group = asyncio.Event()
         """Set once a failed projector has left its consumer group."""
         self._stopping = False

@@ -8,6 +8,7 @@ consumer reads (which has stepped over the markers), never ``end - 1 - applied``
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -19,6 +20,42 @@ from prme.schemas.cluster import TopicRefused
 from prme.schemas.metrics import Metrics, transport_label
 
 from .runner import ProjectorRunner
+
+STATUS_TIMEOUT_S = 2.0
+"""How long ``/v1/ready``, ``/metrics`` and ``/v1/status`` wait for the log (end offsets,
+the oldest unapplied record, the group's description). They waited for the transport's
+``request_timeout_s`` (30 s): a Prometheus scrape (10 s) lost every series, the
+transport-error counters included, exactly while Kafka was unreachable, and readiness
+probes timed out. Past it they answer with the last log ends read, marked stale."""
+
+
+class LogEnds(msgspec.Struct, frozen=True, kw_only=True):
+    """The log's end offsets as a status saw them."""
+
+    ends: dict[int, int]
+    """Per partition; the last ones read when ``unavailable`` (empty if none ever was)."""
+    unavailable: str | None = None
+    """Why the log did not answer this time (None: ``ends`` are current)."""
+    age_s: float | None = 0.0
+    """Seconds since ``ends`` were read (None: never)."""
+
+
+async def read_log_ends(runner: ProjectorRunner, timeout_s: float = STATUS_TIMEOUT_S) -> LogEnds:
+    """The log ends, waiting at most ``timeout_s``; else the last ones read, marked stale."""
+    transport = runner.transport
+    try:
+        ends = await asyncio.wait_for(transport.end_offsets(), timeout_s)
+    except Exception as error:
+        runner.metrics.transport_errors.labels(transport_label(transport), "end_offsets").inc()
+        if isinstance(error, TimeoutError):
+            reason = f"the log did not answer within {timeout_s:g}s"
+        else:
+            reason = f"the log did not answer: {error}"
+        known, read_at = runner.known_log_ends
+        age = None if read_at is None else time.monotonic() - read_at
+        return LogEnds(ends=dict(known), unavailable=reason, age_s=age)
+    runner.known_log_ends = (dict(ends), time.monotonic())
+    return LogEnds(ends=ends)
 
 
 class PartitionStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,30 +73,44 @@ class PartitionStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Records of this partition dead-lettered by this process since it started."""
     size_bytes: dict[str, int] = {}
     """Bytes on disk per read model (filled when asked for)."""
+    log_end_stale: bool = False
+    """The log did not answer: ``log_end`` (and the lag) is the last one read (0 if none
+    was), and ``lag_seconds`` is not measured."""
 
 
 async def partition_statuses(
-    runner: ProjectorRunner, *, sizes: bool = False
+    runner: ProjectorRunner,
+    *,
+    sizes: bool = False,
+    ends: LogEnds | None = None,
+    timeout_s: float = STATUS_TIMEOUT_S,
 ) -> list[PartitionStatus]:
-    """The status of every partition this process projects, in partition order."""
+    """The status of every partition this process projects, in partition order, from
+    ``ends`` (read here if not given); the log is waited for at most ``timeout_s``."""
     transport = runner.transport
-    try:
-        ends = await transport.end_offsets()
-    except Exception:
-        runner.metrics.transport_errors.labels(transport_label(transport), "end_offsets").inc()
-        raise
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    if ends is None:
+        ends = await read_log_ends(runner, timeout_s)
+    stale = ends.unavailable is not None
     now_ms = time.time() * 1000
     statuses: list[PartitionStatus] = []
     for partition, shard in sorted(runner.shards.items()):
-        end = ends.get(partition, 0)
+        end = ends.ends.get(partition, 0)
         following = runner.next_offset(partition)
         lag = max(0, end - following)
         age = 0.0
-        if lag:
-            oldest = await transport.read(partition, following, 1)
+        if lag and not stale:
+            try:
+                oldest = await asyncio.wait_for(
+                    transport.read(partition, following, 1), max(0.0, deadline - loop.time())
+                )
+            except Exception:  # the log stopped answering meanwhile: the age goes unmeasured
+                oldest = None
+                stale = True
             if oldest:
                 age = max(0.0, (now_ms - oldest[0].timestamp_ms) / 1000)
-            else:  # only aborted records or markers were left: nothing to apply
+            elif oldest is not None:  # only aborted records or markers were left
                 lag = 0
         statuses.append(
             PartitionStatus(
@@ -71,6 +122,7 @@ async def partition_statuses(
                 lag_seconds=age,
                 dead_letters=runner.dead_letters_by_partition.get(partition, 0),
                 size_bytes=model_sizes(shard.directory) if sizes else {},
+                log_end_stale=stale,
             )
         )
     return statuses
@@ -105,13 +157,29 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Nodes the group gave nothing because they read another topic."""
     failure: str | None = None
     """Why this process's projector stopped (it then left the group); None while it runs."""
+    log_unavailable: str | None = None
+    """Why the log did not answer this status (log ends and lag are then the last known)."""
+    log_end_age_s: float | None = 0.0
+    """Seconds since the log ends shown were read (None: never)."""
 
 
 async def node_status(runner: ProjectorRunner) -> NodeStatus:
     """The status of this process: partitions with sizes on disk, and on Kafka the group."""
-    partitions = await partition_statuses(runner, sizes=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STATUS_TIMEOUT_S
+    ends = await read_log_ends(runner)
+    partitions = await partition_statuses(
+        runner, sizes=True, ends=ends, timeout_s=max(0.0, deadline - loop.time())
+    )
     describe = getattr(runner.transport, "group_members", None)
-    members = await describe(runner.group) if describe is not None else None
+    members = None
+    if describe is not None and ends.unavailable is None:
+        try:
+            members = await asyncio.wait_for(
+                describe(runner.group), max(0.1, deadline - loop.time())
+            )
+        except Exception:  # the group's coordinator did not answer in time: left out
+            members = None
     identity = runner.identity
     return NodeStatus(
         transport=transport_label(runner.transport),
@@ -135,6 +203,8 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
         topic="" if runner.cluster_map is None else runner.cluster_map.topic,
         other_topic=[] if runner.cluster_map is None else list(runner.cluster_map.other_topic),
         failure=projector_failure(runner),
+        log_unavailable=ends.unavailable,
+        log_end_age_s=ends.age_s,
     )
 
 
@@ -152,8 +222,13 @@ def projector_failure(runner: ProjectorRunner) -> str | None:
     return f"the projector stopped: {failure!r}{moved}"
 
 
-def record_statuses(metrics: Metrics, statuses: list[PartitionStatus]) -> None:
-    """Set the per-partition gauges (partitions no longer held disappear)."""
+def record_statuses(
+    metrics: Metrics, statuses: list[PartitionStatus], ends: LogEnds | None = None
+) -> None:
+    """Set the per-partition gauges (partitions no longer held disappear), and with
+    ``ends`` the age of the log ends they come from."""
+    if ends is not None:
+        metrics.log_end_age.set(-1 if ends.age_s is None else ends.age_s)
     gauges = (metrics.lag_records, metrics.lag_seconds, metrics.log_end_offset)
     for gauge in (*gauges, metrics.applied_offset):
         gauge.clear()

@@ -18,7 +18,13 @@ from litestar import Response, get
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from prme.projectors.status import NodeStatus, node_status, partition_statuses, record_statuses
+from prme.projectors.status import (
+    NodeStatus,
+    node_status,
+    partition_statuses,
+    read_log_ends,
+    record_statuses,
+)
 from prme.schemas.metrics import CONTENT_TYPE, Metrics
 
 from .engine import MemoryEngine
@@ -101,11 +107,17 @@ def _log_request(scope: Scope, route: str, method: str, status: int, elapsed: fl
     media_type=CONTENT_TYPE,  # the OpenAPI document states the text format, not JSON
 )
 async def metrics_endpoint(engine: NamedDependency[MemoryEngine]) -> Response[bytes]:
-    """Every series of this process; the lag gauges are computed now."""
+    """Every series of this process; the lag gauges are computed now, waiting for the log
+    at most ``STATUS_TIMEOUT_S`` (then from the last log ends read: see
+    ``prme_projector_log_end_age_seconds``)."""
     metrics = engine.metrics
+    runner = engine.runner
+    ends = await read_log_ends(runner)
+    if ends.unavailable is not None:
+        logging.getLogger(__name__).warning("metrics: log end offsets stale: %s", ends.unavailable)
     try:
-        record_statuses(metrics, await partition_statuses(engine.runner))
-    except Exception as error:  # the log is unreachable: serve the rest, say so in the log
+        record_statuses(metrics, await partition_statuses(runner, ends=ends), ends)
+    except Exception as error:  # serve the rest, say so in the log
         logging.getLogger(__name__).warning("metrics: partition status unavailable: %s", error)
     return Response(metrics.render(), media_type=CONTENT_TYPE)
 

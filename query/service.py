@@ -27,7 +27,7 @@ from litestar.openapi.spec import Components, Reference, Schema, SecurityScheme
 from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.typing import FieldDefinition
 
-from prme.projectors.status import partition_statuses, projector_failure
+from prme.projectors.status import partition_statuses, projector_failure, read_log_ends
 from prme.schemas.codec import explain_json_error
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
@@ -186,7 +186,8 @@ async def health() -> Health:
 async def ready(engine: EngineDep) -> Response[Readiness]:
     runner = engine.runner
     shards = dict(runner.shards)
-    lag = sum(s.lag_records for s in await partition_statuses(runner))
+    ends = await read_log_ends(runner)  # bounded: a probe answers whatever the log does
+    lag = sum(s.lag_records for s in await partition_statuses(runner, ends=ends))
     ok, detail = True, "projecting"
     if not engine.settings.cluster.project:
         cluster_map = None if engine.router is None else engine.router.cluster_map
@@ -209,6 +210,11 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
             ok, detail = False, str(error)
     if ok and (standby_failure := runner.standbys.failure) is not None:
         detail += f"; standby replicas failing (the owners serve): {standby_failure!r}"
+    if ends.unavailable is not None and engine.settings.cluster.project:
+        # Without the log a member cannot tell whether it still owns its partitions.
+        known = "never read" if ends.age_s is None else f"last read {ends.age_s:.0f}s ago"
+        ok = False
+        detail = f"{ends.unavailable} (log end unknown: {known}); {detail}"
     body = Readiness(ready=ok, detail=detail, partitions=sorted(shards), lag=lag)
     return Response(body, status_code=200 if ok else 503)
 

@@ -212,6 +212,11 @@ class Metrics:
         self.log_end_offset = gauge(
             "prme_projector_log_end_offset", "The log's end offset per partition", ("partition",)
         )
+        self.log_end_age = gauge(
+            "prme_projector_log_end_age_seconds",
+            "Seconds since the log end offsets (and the lag) shown were read: above 0 while the "
+            "log does not answer, when the last ones read are shown (-1: never read)",
+        )
         self.applied_offset = gauge(
             "prme_projector_applied_offset",
             "The last offset every read model of the partition has applied",

@@ -112,6 +112,38 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClu
         _kafka_script("cluster-stop", str(root), timeout_s=120)
 
 
+class PrivateBroker:
+    """A one-broker Kafka of one test's own (``kafka.sh start``), which it may kill."""
+
+    def __init__(self, data_dir: Path, bootstrap: str) -> None:
+        self.data_dir = data_dir
+        self.bootstrap = bootstrap
+
+    def kill(self) -> None:
+        """SIGKILL the broker (it becomes unreachable, as a crashed one)."""
+        result = _kafka_script("kill", str(self.data_dir), timeout_s=60)
+        if result.returncode != 0:
+            _kafka_failure("kill", result)
+
+
+@pytest.fixture
+def private_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateBroker]:
+    """A broker of the test's own, for tests that make the log unreachable (~10-20 s to
+    start); stopped afterwards."""
+    fetched = _kafka_script("fetch", timeout_s=600)
+    if fetched.returncode != 0:
+        _kafka_failure("fetch", fetched)
+    data_dir = tmp_path_factory.mktemp("private-kafka")
+    started = _kafka_script("start", str(data_dir), timeout_s=180)
+    if started.returncode != 0:
+        _kafka_script("stop", str(data_dir), timeout_s=90)
+        _kafka_failure("start", started)
+    try:
+        yield PrivateBroker(data_dir, started.stdout.strip().splitlines()[-1])
+    finally:
+        _kafka_script("stop", str(data_dir), timeout_s=90)
+
+
 @pytest.fixture
 def kafka_topic() -> str:
     """A fresh topic name per test (the transport creates it)."""
