@@ -638,7 +638,11 @@ class ProjectorRunner:
             if isinstance(error, TransportError):
                 self.metrics.transport_errors.labels(transport_label(self.transport), "poll").inc()
             self._failure = error
-        if not self._stopping:
+        async with self._progress:
+            self._progress.notify_all()
+        # On the embedded log no other process would take the partitions over: the shards
+        # stay open and keep answering with what they applied.
+        if not self._stopping and self.settings.log.transport == "kafka":
             await self._leave_group()
 
     async def _leave_group(self) -> None:
