@@ -81,6 +81,16 @@ STANDBY_ENCODE_AFTER_S = 10.0
 MAX_BATCH_FACTOR = 16
 """A consumer that is behind polls up to this many times ``batch_size`` records: every
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
+APPLY_BUDGET_S = 1.0
+"""A poll is sized to take about this long to apply, once one has been timed: the next
+poll waits for it, so a write to another partition meanwhile waits for it too. A new-user
+trial's 1,000 long texts for the model held a small write to an idle partition for 10 to
+47 s (504) behind 512-record polls."""
+MIN_BATCH = 16
+"""The fewest records a poll asks for, however costly they were."""
+ENCODE_CHUNK = 64
+"""Texts per turn at the shared embedding provider: shards take turns (first come, first
+served), so a small batch waits for one chunk of a large one, not for all of it."""
 STAGING_SUFFIX = ".rebuild"
 """``shards/p<N>.rebuild/``: where a rebuild of partition N stages its models."""
 _log = logging.getLogger("prme.projector")
@@ -622,14 +632,18 @@ class ProjectorRunner:
         assert consumer is not None
         try:
             size = self._batch_size
+            per_record_s = 0.0
             # A failure an assignment met (``_refuse``) ends the loop too.
             while not self._stopping and self._failure is None:
                 batches = await consumer.poll(size, POLL_S)
                 if batches:
+                    started = time.monotonic()
                     await self._apply(batches)
+                    polled = sum(len(entries) for entries in batches.values())
+                    per_record_s = (time.monotonic() - started) / polled
                 await self._refresh_positions()
                 self._note_served()
-                size = next_batch_size(size, batches, self._batch_size)
+                size = next_batch_size(size, batches, self._batch_size, per_record_s)
         except asyncio.CancelledError:
             raise
         except BaseException as error:
@@ -717,6 +731,7 @@ class ProjectorRunner:
                 self.restores.append(await self.changelog.restore(partition))
                 _log.info("restored vectors %s", self.restores[-1])
             dead = await shard.apply(entries, self._encode)
+        await self._notify()  # a write waiting on this partition need not wait for the poll
         if (takeover := self._takeovers.get(partition)) is not None:
             takeover.records += len(entries)
         self.metrics.batch_size.observe(len(entries))
@@ -768,8 +783,14 @@ class ProjectorRunner:
 
     async def _encode(self, texts: list[str]) -> list[Float32Vector]:
         # One embed call at a time: the provider is shared by the shards applying at once.
-        async with self._encode_lock:
-            return await embed_with_cache(self.provider, self._vector_cache, texts, self.metrics)
+        vectors: list[Float32Vector] = []
+        for start in range(0, len(texts), ENCODE_CHUNK):
+            chunk = texts[start : start + ENCODE_CHUNK]
+            async with self._encode_lock:
+                vectors += await embed_with_cache(
+                    self.provider, self._vector_cache, chunk, self.metrics
+                )
+        return vectors
 
     @property
     def group(self) -> str:
@@ -1234,10 +1255,18 @@ def remove_stale_staging(data_dir: Path) -> list[Path]:
     return [*staged, *retired]
 
 
-def next_batch_size(size: int, polled: dict[int, list[Any]], base: int) -> int:
+def next_batch_size(
+    size: int, polled: dict[int, list[Any]], base: int, per_record_s: float = 0.0
+) -> int:
     """The next poll's size: doubled (up to ``MAX_BATCH_FACTOR`` x ``base``) while a poll
     comes back full, since the consumer is behind; back to ``base`` once it is not, so a
-    caught-up runner applies small batches soon after they are appended."""
+    caught-up runner applies small batches soon after they are appended. Never more than
+    ``APPLY_BUDGET_S`` of records at the last poll's cost per record (``MIN_BATCH`` at
+    least)."""
     if sum(len(entries) for entries in polled.values()) >= size:
-        return min(size * 2, base * MAX_BATCH_FACTOR)
-    return base
+        wanted = min(size * 2, base * MAX_BATCH_FACTOR)
+    else:
+        wanted = base
+    if per_record_s > 0:
+        wanted = min(wanted, max(MIN_BATCH, int(APPLY_BUDGET_S / per_record_s)))
+    return wanted

@@ -17,6 +17,7 @@ import pytest
 
 from prme import MemoryEngine
 from prme.producers.factory import open_transport
+from prme.producers.partitioner import partition_for_key
 from prme.producers.producer import MessageDraft, Producer
 from prme.producers.transport import LogItem
 from prme.projectors import rebuild_worker
@@ -25,6 +26,7 @@ from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.runner import (
     MAX_BATCH_FACTOR,
+    MIN_BATCH,
     REBUILD_CONCURRENCY,
     STAGING_SUFFIX,
     ProjectorRunner,
@@ -46,6 +48,9 @@ def test_the_batch_size_doubles_while_polls_come_back_full_and_resets_after() ->
     assert sizes == [128, 256, 512, 1024, 64 * MAX_BATCH_FACTOR, 64 * MAX_BATCH_FACTOR] + sizes[6:]
     assert max(sizes) == 64 * MAX_BATCH_FACTOR
     assert next_batch_size(1024, {0: [object()] * 10, 1: [object()] * 3}, 64) == 64
+    # Never more than about a second of records at the last poll's cost per record.
+    assert next_batch_size(512, {0: [object()] * 512}, 64, per_record_s=0.01) == 100
+    assert next_batch_size(64, {0: [object()] * 3}, 64, per_record_s=1.0) == MIN_BATCH
 
 
 async def _fill(settings: Settings, count: int, owners: int) -> None:
@@ -92,6 +97,54 @@ async def test_a_runner_that_is_behind_applies_larger_batches(local_settings: Se
     assert applied == 1199
     assert 1200 - (32 + 64) <= sum(sizes) <= 1200  # at most the first two polls missed
     assert max(sizes) > 32 * 4
+
+
+class _CostlyProvider(HashedBagOfWordsProvider):
+    """40 ms a text, off the event loop, as long texts for a model on a busy machine."""
+
+    async def embed(self, texts: Any) -> list[list[float]]:
+        await asyncio.sleep(0.04 * len(texts))
+        return await super().embed(texts)
+
+
+async def test_a_small_write_is_not_held_behind_another_partitions_costly_backlog(
+    local_settings: Settings,
+) -> None:
+    """From a new-user trial: a batch of 1,000 long texts for the model held a one-record
+    write to an idle partition 10 to 47 s (504 write_unconfirmed): the runner polled 256
+    to 512 records of the busy partition, embedded them in one call while the other shard
+    waited, and woke read-your-writes waiters only after the whole poll. Polls are now
+    sized to about a second of the last poll's cost, shards take turns at the provider by
+    chunks, and each shard's progress wakes its waiters."""
+    settings = local_settings.replace(log={"partitions": 2})
+    busy, idle = (
+        "busy-owner",
+        next(f"idle-{i}" for i in range(100) if partition_for_key(f"idle-{i}".encode(), 2) == 1),
+    )
+    assert partition_for_key(busy.encode(), 2) == 0
+    transport = open_transport(settings)
+    await transport.start()
+    runner = ProjectorRunner(settings, transport, _CostlyProvider())
+    producer = Producer(transport)
+    try:
+        await runner.start()
+        for i in range(3):  # the runner times a poll of the costly records
+            await producer.append_message(MessageDraft(owner=busy, content=f"warm {i}"))
+        await runner.catch_up(timeout_s=60)
+        backlog = [
+            producer.build_message(MessageDraft(owner=busy, content=f"long text {i}"))
+            for i in range(400)
+        ]
+        await producer.append_records(backlog)
+        await asyncio.sleep(0.3)  # the runner is into the backlog
+        started = time.monotonic()
+        receipt = await producer.append_message(MessageDraft(owner=idle, content="small"))
+        await runner.wait_applied(receipt.position.partition, receipt.position.offset, 60)
+        waited = time.monotonic() - started
+    finally:
+        await runner.close()
+        await transport.close()
+    assert waited < 5.0, waited  # 256 texts at 40 ms: >10 s before
 
 
 class _Turns:
