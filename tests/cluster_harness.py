@@ -97,6 +97,13 @@ class Node:
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         return httpx.get(self.url + path, headers=ADMIN, timeout=30, **kwargs)
 
+    def status(self) -> subprocess.CompletedProcess[str]:
+        """``prme status`` of this node, with the admin key."""
+        command = [sys.executable, "-m", "prme.cli", "status", "--url", self.url]
+        return subprocess.run(
+            [*command, "--api-key", ADMIN_KEY], capture_output=True, text=True, timeout=60
+        )
+
     def post(self, path: str, body: Any, **kwargs: Any) -> httpx.Response:
         headers = kwargs.pop("headers", ADMIN)
         return httpx.post(self.url + path, json=body, headers=headers, timeout=60, **kwargs)

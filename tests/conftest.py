@@ -7,7 +7,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,22 @@ def _kafka_script(*args: str, timeout_s: float) -> subprocess.CompletedProcess[s
 def _kafka_failure(step: str, result: subprocess.CompletedProcess[str]) -> None:
     tail = "\n".join((result.stderr or "").splitlines()[-40:])
     pytest.fail(f"kafka.sh {step} failed (exit {result.returncode}):\n{tail}", pytrace=False)
+
+
+@contextmanager
+def _kafka_started(root: Path, start: str, *args: str, stop: str = "stop") -> Iterator[str]:
+    """``kafka.sh fetch``, then ``START ROOT ARGS``: its bootstrap; ``STOP ROOT`` afterwards
+    (also after a start that failed half-way)."""
+    fetched = _kafka_script("fetch", timeout_s=600)
+    if fetched.returncode != 0:
+        _kafka_failure("fetch", fetched)
+    started = _kafka_script(start, str(root), *args, timeout_s=240)
+    try:
+        if started.returncode != 0:
+            _kafka_failure(start, started)
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        _kafka_script(stop, str(root), timeout_s=120)
 
 
 def _docker_kafka() -> Iterator[str] | None:
@@ -60,17 +76,8 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if docker is not None:
         yield from docker
         return
-    fetched = _kafka_script("fetch", timeout_s=600)
-    if fetched.returncode != 0:
-        _kafka_failure("fetch", fetched)
-    data_dir = tmp_path_factory.mktemp("kafka")
-    started = _kafka_script("start", str(data_dir), timeout_s=180)
-    if started.returncode != 0:
-        _kafka_failure("start", started)
-    try:
-        yield started.stdout.strip().splitlines()[-1]
-    finally:
-        _kafka_script("stop", str(data_dir), timeout_s=90)
+    with _kafka_started(tmp_path_factory.mktemp("kafka"), "start") as bootstrap:
+        yield bootstrap
 
 
 class KafkaCluster:
@@ -98,18 +105,9 @@ class KafkaCluster:
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """A real 3-broker KRaft cluster on loopback ports, one per test module (it costs
     ~15 s to start); stopped afterwards. Topics on it get 3 replicas, min ISR 2."""
-    fetched = _kafka_script("fetch", timeout_s=600)
-    if fetched.returncode != 0:
-        _kafka_failure("fetch", fetched)
     root = tmp_path_factory.mktemp("kafka-cluster")
-    started = _kafka_script("cluster-start", str(root), "3", timeout_s=240)
-    if started.returncode != 0:
-        _kafka_script("cluster-stop", str(root), timeout_s=120)
-        _kafka_failure("cluster-start", started)
-    try:
-        yield KafkaCluster(root, started.stdout.strip().splitlines()[-1], 3)
-    finally:
-        _kafka_script("cluster-stop", str(root), timeout_s=120)
+    with _kafka_started(root, "cluster-start", "3", stop="cluster-stop") as bootstrap:
+        yield KafkaCluster(root, bootstrap, 3)
 
 
 class PrivateBroker:
@@ -130,18 +128,9 @@ class PrivateBroker:
 def private_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateBroker]:
     """A broker of the test's own, for tests that make the log unreachable (~10-20 s to
     start); stopped afterwards."""
-    fetched = _kafka_script("fetch", timeout_s=600)
-    if fetched.returncode != 0:
-        _kafka_failure("fetch", fetched)
     data_dir = tmp_path_factory.mktemp("private-kafka")
-    started = _kafka_script("start", str(data_dir), timeout_s=180)
-    if started.returncode != 0:
-        _kafka_script("stop", str(data_dir), timeout_s=90)
-        _kafka_failure("start", started)
-    try:
-        yield PrivateBroker(data_dir, started.stdout.strip().splitlines()[-1])
-    finally:
-        _kafka_script("stop", str(data_dir), timeout_s=90)
+    with _kafka_started(data_dir, "start") as bootstrap:
+        yield PrivateBroker(data_dir, bootstrap)
 
 
 @pytest.fixture

@@ -502,21 +502,7 @@ def test_a_node_with_another_secret_gets_no_partitions_from_the_running_cluster(
                 assert good.post("/v1/memories", {"user_id": owner, "content": "kites"}).is_success
                 history = good.get("/v1/history", params={"user_id": owner})
                 assert [m["content"] for m in history.json()] == ["kites"], history.text
-            status = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "prme.cli",
-                    "status",
-                    "--url",
-                    lacking.url,
-                    "--api-key",
-                    ADMIN_KEY,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            status = lacking.status()
             assert f"REFUSED {lacking.url}" in status.stdout, status.stdout + status.stderr
             assert status.returncode == 1  # a health check sees the misconfigured cluster
             assert "its cluster secret is not the one of the other nodes" in lacking.log()
@@ -569,21 +555,7 @@ def test_a_node_reading_another_topic_gets_no_partitions_and_nobody_crashes(
                 assert view["topic"] == topic and view["other_topic"][0]["topic"] == other_topic
                 ready = stray.get("/v1/ready")
                 assert ready.status_code == 503 and other_topic in ready.json()["detail"]
-                status = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "prme.cli",
-                        "status",
-                        "--url",
-                        first.url,
-                        "--api-key",
-                        ADMIN_KEY,
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                )
+                status = first.status()
                 assert (
                     f"REFUSED {stray.url}: no partitions, it reads the topic '{other_topic}'"
                     in (status.stdout)

@@ -5,8 +5,6 @@ healthy nodes, it keeps answering ``/v1/health`` and says why in ``/v1/ready`` a
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +13,7 @@ import httpx
 
 from prme.projectors.embeddings.model_assets import MODEL_FILE, default_model_dir
 
-from .cluster_harness import ADMIN_KEY, Node, node_env, running, wait_ready, wait_split
+from .cluster_harness import Node, node_env, running, wait_ready, wait_split
 
 PARTITIONS = 12
 OWNERS = 24
@@ -85,13 +83,7 @@ def test_a_node_whose_projector_fails_leaves_the_group_and_its_owners_move(
             assert ready.status_code == 503, ready.text
             assert "the projector stopped" in detail and "left consumer group" in detail
             assert served(broken, owners[0])  # it forwards, with the group's new map
-            status = subprocess.run(
-                [sys.executable, "-m", "prme.cli", "status", "--url", broken.url]
-                + ["--api-key", ADMIN_KEY],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            status = broken.status()
             assert "FAILED: the projector stopped" in status.stdout, status.stdout + status.stderr
             assert status.returncode == 1
 

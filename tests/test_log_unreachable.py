@@ -3,15 +3,13 @@ not: a real broker, killed under a running node."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import httpx
 
-from .cluster_harness import ADMIN, ADMIN_KEY, Node, node_env, running, wait_ready
+from .cluster_harness import ADMIN, Node, node_env, running, wait_ready
 from .conftest import PrivateBroker
 
 ANSWER_WITHIN_S = 5.0
@@ -55,13 +53,7 @@ def test_metrics_ready_and_status_answer_in_seconds_while_kafka_is_down(
         assert "log end unknown" in ready.json()["detail"]
 
         started = time.monotonic()
-        status = subprocess.run(
-            [sys.executable, "-m", "prme.cli", "status", "--url", node.url]
-            + ["--api-key", ADMIN_KEY],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        status = node.status()
         took = time.monotonic() - started
         assert "LOG UNAVAILABLE" in status.stdout, status.stdout + status.stderr
         assert status.returncode == 1

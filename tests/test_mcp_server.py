@@ -146,6 +146,18 @@ async def test_stdio_reads_its_writes_and_serves_history_and_receipts(tmp_path: 
             assert said["node_ids"][0] not in [r["node_id"] for r in found["results"]]
 
 
+async def assert_refused(
+    session: ClientSession, cases: list[tuple[str, dict[str, Any], str]], kinds: set[str]
+) -> None:
+    """Each ``(tool, arguments, field)`` is a tool error of one of ``kinds`` naming
+    ``field``."""
+    for tool, arguments, field in cases:
+        result = await session.call_tool(tool, arguments)
+        assert result.is_error, (tool, arguments, text_of(result))
+        assert result.structured_content["error"] in kinds, text_of(result)
+        assert field in text_of(result), (tool, arguments, text_of(result))
+
+
 async def test_stdio_bad_arguments_name_the_field_and_write_nothing(tmp_path: Path) -> None:
     cases = [
         ("remember", {"user_id": "alice", "content": 42}, "$.content"),
@@ -165,11 +177,7 @@ async def test_stdio_bad_arguments_name_the_field_and_write_nothing(tmp_path: Pa
         async with stdio_session(
             "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
         ) as session:
-            for tool, arguments, field in cases:
-                result = await session.call_tool(tool, arguments)
-                assert result.is_error, (tool, arguments)
-                assert field in text_of(result), (tool, arguments, text_of(result))
-                assert result.structured_content["error"] in {"invalid_input", "not_found"}
+            await assert_refused(session, cases, {"invalid_input", "not_found"})
             history = await call_ok(session, "history", {"user_id": "alice"})
             assert history["messages"] == []
     assert await records_of(tmp_path, "alice") == []
@@ -373,11 +381,7 @@ async def test_tool_arguments_are_checked_as_the_http_api_checks_them(tmp_path: 
         async with stdio_session(
             "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
         ) as session:
-            for tool, arguments, field in cases:
-                result = await session.call_tool(tool, arguments)
-                assert result.is_error, (tool, arguments, text_of(result))
-                assert result.structured_content["error"] == "invalid_input", text_of(result)
-                assert field in text_of(result), (tool, arguments, text_of(result))
+            await assert_refused(session, cases, {"invalid_input"})
             with pytest.raises(MCPError, match=r"invalid_input.*\$\.session_id"):
                 await session.read_resource(f"prme://history/mo/{long}")
             with pytest.raises(MCPError, match=r"invalid_input.*\$\.user_id"):
