@@ -22,7 +22,8 @@ from prme.schemas.cluster import DUPLICATE_URL, SECRET_REFUSED
 from prme.schemas.config import Settings
 
 LAG_REFRESH_S = 5.0
-"""How often ``prme project --metrics-port`` recomputes the lag gauges."""
+"""How often ``prme project`` checks its projector (and, with ``--metrics-port``, recomputes
+the lag gauges)."""
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -387,12 +388,19 @@ def _mcp(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _project(settings: Settings, metrics_port: int | None = None) -> None:
+async def _project(settings: Settings, metrics_port: int | None = None) -> str | None:
+    """Project until SIGINT/SIGTERM; why the projector stopped when it failed (the worker
+    then exits 1 for its supervisor to see, instead of idling out of the group)."""
     from prometheus_client import start_http_server
 
     from prme.producers.factory import open_dead_letters, open_transport
     from prme.projectors.runner import ProjectorRunner
-    from prme.projectors.status import partition_statuses, read_log_ends, record_statuses
+    from prme.projectors.status import (
+        partition_statuses,
+        projector_failure,
+        read_log_ends,
+        record_statuses,
+    )
     from prme.query.data_lock import DataDirLock
     from prme.query.engine import default_provider
     from prme.schemas.metrics import Metrics
@@ -421,11 +429,13 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
         loop.add_signal_handler(signum, stop.set)
     server = None
 
-    async def refresh_lag() -> None:  # the scrape runs on the exporter's thread: no awaiting
-        while not stop.is_set():
-            with contextlib.suppress(Exception):
-                ends = await read_log_ends(runner)  # unreachable: the last ones, marked stale
-                record_statuses(metrics, await partition_statuses(runner, ends=ends), ends)
+    async def run_until_stopped() -> None:
+        # The scrape runs on the exporter's thread: the lag is refreshed here, meanwhile.
+        while not stop.is_set() and runner.failure is None:
+            if metrics_port is not None:
+                with contextlib.suppress(Exception):
+                    ends = await read_log_ends(runner)  # unreachable: the last ends, stale
+                    record_statuses(metrics, await partition_statuses(runner, ends=ends), ends)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), LAG_REFRESH_S)
 
@@ -435,9 +445,8 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> None:
             print(f"metrics on http://127.0.0.1:{metrics_port}/metrics", file=sys.stderr)
         await runner.start()
         print(f"projecting {sorted(runner.shards)} into {settings.data_dir}", file=sys.stderr)
-        if metrics_port is not None:
-            await refresh_lag()
-        await stop.wait()
+        await run_until_stopped()
+        return None if runner.failure is None else projector_failure(runner)
     finally:
         if server is not None:
             server.shutdown()
@@ -457,10 +466,13 @@ def _project_command(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if args.workers <= 1:
         try:
-            asyncio.run(_project(settings, args.metrics_port))
+            failure = asyncio.run(_project(settings, args.metrics_port))
         except DataDirInUse as error:
             print(f"prme project: {error}", file=sys.stderr)
             return 2
+        if failure is not None:
+            print(f"prme project: {failure}", file=sys.stderr)
+            return 1
         return 0
     if settings.log.transport != "kafka":
         print(

@@ -4,7 +4,10 @@ healthy nodes, it keeps answering ``/v1/health`` and says why in ``/v1/ready`` a
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -108,3 +111,36 @@ def test_a_model_that_cannot_be_had_fails_the_start_before_joining(
         assert node.process.wait(timeout=120) == 2, node.log()
     log = node.log()
     assert "prme serve: the embedding model BAAI/bge-small-en-v1.5 cannot be loaded" in log
+
+
+def test_a_project_worker_whose_projector_fails_exits_for_its_supervisor(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    """From the review of the failed-projector fix: a `prme project` worker whose projector
+    failed stayed up, idle, with nothing to tell its supervisor; it now exits 1 saying
+    why (a `--workers` parent then starts it again, up to its crash-loop bound)."""
+    broken_models = tmp_path / "broken-models"
+    corrupt_default_model(default_model_dir, broken_models)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRME_")}
+    env["PRME_MODELS_DIR"] = str(broken_models)
+    data_dir = tmp_path / "pack"
+    lines = tmp_path / "one.jsonl"
+    lines.write_text('{"owner": "fern", "content": "fern waters the ferns"}\n')
+    prme = [sys.executable, "-m", "prme.cli"]
+    ingest = subprocess.run(
+        [*prme, "ingest", str(lines), "--data-dir", str(data_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ingest.returncode == 0, ingest.stderr
+    project = subprocess.run(
+        [*prme, "project", "--data-dir", str(data_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert project.returncode == 1, project.stderr
+    assert "prme project: the projector stopped" in project.stderr, project.stderr
