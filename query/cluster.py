@@ -67,7 +67,13 @@ class NodeRefused(NotOwner):
 
 class HopBroken(NotOwner):
     """The connection to the owner broke after a write was sent: the owner may have
-    applied it, so it is neither sent again nor appended here (503)."""
+    applied it, so it is neither sent again nor appended here (504
+    ``append_unconfirmed``: retry with the same request id)."""
+
+
+class OwnerUnreachable(NotOwner):
+    """A write's owner did not take the connection: nothing was sent (the entry node may
+    append it itself)."""
 
 
 class HopRefused(NotOwner):
@@ -289,8 +295,14 @@ class ClusterRouter:
     ) -> httpx.Response | None:
         """Send the request to ``partition``'s owner and return its answer; None when this
         node owns the partition (serve it here). Retries, until ``timeout_s``, while the
-        owner is unreachable or answers that it does not own the partition."""
+        owner is unreachable or answers that it does not own the partition; a write
+        (not repeatable) whose owner refuses the connection raises ``OwnerUnreachable``
+        at once, and its answer is awaited as long as the owner may take to give it (its
+        wait for the partition, the append, the wait for the write to be applied)."""
         loop = asyncio.get_running_loop()
+        repeatable = _repeatable(method, target)
+        consistency_s = self.settings.query.consistency_timeout_s
+        answer_s = 0.0 if repeatable else 2 * consistency_s + self.settings.log.request_timeout_s
         deadline = loop.time() + timeout_s
         while True:
             url = await self.resolve(partition, deadline - loop.time())
@@ -301,13 +313,21 @@ class ClusterRouter:
             left = max(0.1, deadline - loop.time())
             try:
                 response = await self._http.request(
-                    method, url.rstrip("/") + target, content=body, headers=sent, timeout=left
+                    method,
+                    url.rstrip("/") + target,
+                    content=body,
+                    headers=sent,
+                    timeout=left + answer_s,
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # nothing was sent
-                _log.info("forward to %s failed (%s); waiting for the map", url, error)
                 self.metrics.cluster_forwards.labels("unreachable").inc()
+                if not repeatable:
+                    raise OwnerUnreachable(
+                        f"partition {partition}: its owner {url} is unreachable ({error!r})"
+                    ) from error
+                _log.info("forward to %s failed (%s); waiting for the map", url, error)
             except httpx.HTTPError as error:
-                if not _repeatable(method, target):  # the owner may have applied it
+                if not repeatable:  # the owner may have applied it
                     raise HopBroken(
                         f"partition {partition}: the connection to its owner {url} broke "
                         f"({error!r}) after the request was sent; it may have been applied"

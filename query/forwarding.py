@@ -8,9 +8,9 @@ go to its node because that node checks a ``request_id`` against its events mode
 Kafka cannot do) and is the one that erases the owner, dropping the data key it seals
 with: a node that sealed the owner's writes itself kept sealing with the erased key from
 memory, and the owner's node then dropped those acknowledged writes. A one-owner write
-whose owner cannot be found within ``query.consistency_timeout_s`` is appended here (the
-log takes it; the answer says it is unconfirmed); a write the hop may have delivered is
-not. A batch of several owners' memories is appended by the node it reaches.
+whose owner cannot be found within ``WRITE_OWNER_WAIT_S``, or refuses the connection, is
+appended here (the log takes it; the answer says whether it was applied); a write the hop
+may have delivered (504) or whose owner refused this node's secret (503) is not. A batch of several owners' memories is appended by the node it reaches.
 A request another node forwarded is served here or refused with 503 ``not_owner`` (never
 forwarded twice), so a stale map costs a retry, not a loop.
 """
@@ -35,8 +35,12 @@ from litestar.types import (
 from prme.schemas.errors import Unauthenticated
 
 from .auth import ApiKeys, Caller
-from .cluster import ClusterRouter, HopBroken, NodeRefused, NotOwner
+from .cluster import ClusterRouter, HopBroken, HopRefused, NodeRefused, NotOwner
 from .http_types import FORWARDED_BY_HEADER, NOT_OWNER_HEADER, SERVED_BY_HEADER, ErrorBody
+
+WRITE_OWNER_WAIT_S = 2.0
+"""How long a write waits for its owner to be found (a rebalance) before it is appended
+by the node it reached."""
 
 
 class _Route(NamedTuple):
@@ -109,7 +113,7 @@ class ForwardingMiddleware:
             await self.app(scope, replay, stamped)  # the app answers 401 the same way
             return
         if hop is not None:
-            await self._serve_hop(partition, scope, replay, stamped)
+            await self._serve_hop(partition, route, scope, replay, stamped)
             return
         caller = self._caller(headers, owner)
         if caller is None:  # 401 or 403, answered by the app
@@ -118,6 +122,11 @@ class ForwardingMiddleware:
         target = str(scope.get("raw_path", b"").decode() or scope["path"])
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode()
+        # A write waits briefly for an owner (a crash, a rebalance): it used to be appended
+        # at once, and is appended here when none is found.
+        timeout_s = (
+            min(self.timeout_s, WRITE_OWNER_WAIT_S) if route.appended_here else self.timeout_s
+        )
         try:
             response = await self.router.forward(
                 partition,
@@ -126,10 +135,11 @@ class ForwardingMiddleware:
                 caller=caller.owner,
                 body=body,
                 headers=headers,
-                timeout_s=self.timeout_s,
+                timeout_s=timeout_s,
             )
         except NotOwner as error:
-            if route.appended_here and not isinstance(error, (NodeRefused, HopBroken)):
+            refused = (NodeRefused, HopBroken, HopRefused)
+            if route.appended_here and not isinstance(error, refused):
                 await self.app(scope, replay, stamped)  # no owner reached: the log takes it
                 return
             await _refuse(stamped, error, not_owner=False)
@@ -162,9 +172,13 @@ class ForwardingMiddleware:
             return None
         return caller if caller.is_admin or caller.owner == owner else None
 
-    async def _serve_hop(self, partition: int, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.router.owns(partition) and await self.router.runner.wait_serving(
-            partition, self.timeout_s
+    async def _serve_hop(
+        self, partition: int, route: _Route, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        # A write needs the owner, not a caught-up partition: it is appended at once (its
+        # read-your-writes wait is the app's), as it was before writes were forwarded.
+        if self.router.owns(partition) and (
+            route.appended_here or await self.router.runner.wait_serving(partition, self.timeout_s)
         ):
             await self.app(scope, receive, send)
             return
@@ -244,7 +258,10 @@ def _replayer(body: bytes, complete: bool, receive: Receive) -> Receive:
 
 
 async def _refuse(send: Send, error: NotOwner, *, not_owner: bool) -> None:
-    content = msgspec.json.encode(ErrorBody("shard_unavailable", str(error)))
+    # A write the hop may have delivered: its outcome is unknown, as an append the log did
+    # not confirm (a 503 told clients to send it again).
+    status, kind = (504, "append_unconfirmed") if isinstance(error, HopBroken) else (503, "")
+    content = msgspec.json.encode(ErrorBody(kind or "shard_unavailable", str(error)))
     headers: list[tuple[bytes, bytes]] = [
         (b"content-type", b"application/json"),
         (b"retry-after", str(max(1, round(error.retry_after_s))).encode()),
@@ -254,7 +271,7 @@ async def _refuse(send: Send, error: NotOwner, *, not_owner: bool) -> None:
         headers.append((NOT_OWNER_HEADER.encode(), b"1"))
     start: HTTPResponseStartEvent = {
         "type": "http.response.start",
-        "status": 503,
+        "status": status,
         "headers": headers,
     }
     await send(start)
