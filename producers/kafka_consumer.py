@@ -134,10 +134,19 @@ class KafkaLogConsumer(LogConsumer):
     async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
         # getmany has its own deadline; wrapping it in wait_for as well left a cancelled
         # poll hanging (the runner's close waited on it forever).
+        consumer = self._require()
         try:
-            batches = await self._require().getmany(
+            batches = await consumer.getmany(
                 timeout_ms=int(timeout_s * 1000), max_records=max_records
             )
+            # getmany drains one partition's fetched records before it returns another's:
+            # a backlog in one partition held a write to another behind all of it (a
+            # review). What the other partitions have fetched comes along.
+            others = [tp for tp in consumer.assignment() if tp not in batches]
+            if batches and others:
+                batches.update(
+                    await consumer.getmany(*others, timeout_ms=0, max_records=max_records)
+                )
         except KafkaError as error:
             raise TransportError(f"kafka: poll failed: {error!r}") from error
         return {

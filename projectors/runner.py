@@ -44,6 +44,7 @@ from prme.schemas.metrics import Metrics, transport_label
 
 from .backends import VectorBackend
 from .dead_letters import DeadLetter, send_dead_letter
+from .embeddings.cached import CachedEmbeddingProvider
 from .embeddings.protocol import EmbeddingIdentity, EmbeddingProvider
 from .embeddings.validation import Float32Vector, identity_of
 from .embeddings.vector_cache import VectorCache, content_hash, embed_with_cache
@@ -81,14 +82,14 @@ STANDBY_ENCODE_AFTER_S = 10.0
 MAX_BATCH_FACTOR = 16
 """A consumer that is behind polls up to this many times ``batch_size`` records: every
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
-APPLY_BUDGET_S = 1.0
+APPLY_BUDGET_S = 2.0
 """A poll is sized to take about this long to apply, once one has been timed: the next
 poll waits for it, so a write to another partition meanwhile waits for it too. A new-user
 trial's 1,000 long texts for the model held a small write to an idle partition for 10 to
 47 s (504) behind 512-record polls."""
 MIN_BATCH = 16
 """The fewest records a poll asks for, however costly they were."""
-ENCODE_CHUNK = 64
+ENCODE_CHUNK = 128
 """Texts per turn at the shared embedding provider: shards take turns (first come, first
 served), so a small batch waits for one chunk of a large one, not for all of it."""
 STAGING_SUFFIX = ".rebuild"
@@ -163,7 +164,8 @@ class ProjectorRunner:
         self._sample_caches()
         self._owns_keys = keys is None
         self.keys: KeyStore = keys if keys is not None else open_key_store(settings)
-        self.forgetting = Forgetting(self.keys, self._vector_cache, self.identity)
+        queries = provider if isinstance(provider, CachedEmbeddingProvider) else None
+        self.forgetting = Forgetting(self.keys, self._vector_cache, self.identity, queries)
         changelog_log = open_vector_changelog(settings)
         self.changelog = (
             None

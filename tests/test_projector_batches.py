@@ -48,8 +48,8 @@ def test_the_batch_size_doubles_while_polls_come_back_full_and_resets_after() ->
     assert sizes == [128, 256, 512, 1024, 64 * MAX_BATCH_FACTOR, 64 * MAX_BATCH_FACTOR] + sizes[6:]
     assert max(sizes) == 64 * MAX_BATCH_FACTOR
     assert next_batch_size(1024, {0: [object()] * 10, 1: [object()] * 3}, 64) == 64
-    # Never more than about a second of records at the last poll's cost per record.
-    assert next_batch_size(512, {0: [object()] * 512}, 64, per_record_s=0.01) == 100
+    # Never more than about APPLY_BUDGET_S of records at the last poll's cost per record.
+    assert next_batch_size(512, {0: [object()] * 512}, 64, per_record_s=0.01) == 200
     assert next_batch_size(64, {0: [object()] * 3}, 64, per_record_s=1.0) == MIN_BATCH
 
 
@@ -107,25 +107,27 @@ class _CostlyProvider(HashedBagOfWordsProvider):
         return await super().embed(texts)
 
 
+@pytest.mark.parametrize("transport", ["local", pytest.param("kafka", marks=pytest.mark.kafka)])
 async def test_a_small_write_is_not_held_behind_another_partitions_costly_backlog(
-    local_settings: Settings,
+    transport: str, request: pytest.FixtureRequest
 ) -> None:
     """From a new-user trial: a batch of 1,000 long texts for the model held a one-record
     write to an idle partition 10 to 47 s (504 write_unconfirmed): the runner polled 256
     to 512 records of the busy partition, embedded them in one call while the other shard
     waited, and woke read-your-writes waiters only after the whole poll. Polls are now
-    sized to about a second of the last poll's cost, shards take turns at the provider by
-    chunks, and each shard's progress wakes its waiters."""
-    settings = local_settings.replace(log={"partitions": 2})
+    sized to about 2 s of the last poll's cost, shards take turns at the provider by
+    chunks, and each shard's progress wakes its waiters. On Kafka a poll also returned one
+    partition's fetched records before another's: it now takes what the others fetched."""
+    settings = request.getfixturevalue(f"{transport}_settings").replace(log={"partitions": 2})
     busy, idle = (
         "busy-owner",
         next(f"idle-{i}" for i in range(100) if partition_for_key(f"idle-{i}".encode(), 2) == 1),
     )
     assert partition_for_key(busy.encode(), 2) == 0
-    transport = open_transport(settings)
-    await transport.start()
-    runner = ProjectorRunner(settings, transport, _CostlyProvider())
-    producer = Producer(transport)
+    log = open_transport(settings)
+    await log.start()
+    runner = ProjectorRunner(settings, log, _CostlyProvider())
+    producer = Producer(log)
     try:
         await runner.start()
         for i in range(3):  # the runner times a poll of the costly records
@@ -143,8 +145,8 @@ async def test_a_small_write_is_not_held_behind_another_partitions_costly_backlo
         waited = time.monotonic() - started
     finally:
         await runner.close()
-        await transport.close()
-    assert waited < 5.0, waited  # 256 texts at 40 ms: >10 s before
+        await log.close()
+    assert waited < 6.0, waited  # 256 texts at 40 ms: >10 s before
 
 
 class _Turns:
