@@ -1,6 +1,7 @@
 """The one exception hierarchy (defined in ``prme.schemas.errors``)."""
 
 from prme.schemas.errors import (
+    AppendUnconfirmed,
     ClientClosed,
     ConfigurationError,
     ConsistencyTimeout,
@@ -21,6 +22,7 @@ from prme.schemas.errors import (
 )
 
 __all__ = [
+    "AppendUnconfirmed",
     "ClientClosed",
     "ConfigurationError",
     "ConsistencyTimeout",

@@ -34,6 +34,7 @@ from prme.producers.keys import KeyStore
 from prme.schemas.records import OwnerErased
 
 from .derive import embedding_text
+from .embeddings.cached import CachedEmbeddingProvider
 from .embeddings.protocol import EmbeddingIdentity
 from .embeddings.vector_cache import VectorCache, content_hash
 from .model import ProjectedRecord
@@ -58,10 +59,16 @@ class Forgetting:
     """The key store that opens sealed records, and the purge that follows an erasure."""
 
     def __init__(
-        self, keys: KeyStore | None, cache: VectorCache | None, identity: EmbeddingIdentity
+        self,
+        keys: KeyStore | None,
+        cache: VectorCache | None,
+        identity: EmbeddingIdentity,
+        queries: CachedEmbeddingProvider | None = None,
     ) -> None:
+        """``queries``: the provider whose query entries an erasure drops."""
         self.keys = keys
         self._cache = cache
+        self._queries = queries
         self._identity = identity
         self.purges = 0
         """Erasure purges run (this process)."""
@@ -115,9 +122,11 @@ class Forgetting:
             await self._purge(shard, pending)
 
     async def _purge(self, shard: Shard, owners: list[str]) -> None:
-        if self.keys is not None:
-            for owner in owners:
+        for owner in owners:
+            if self.keys is not None:
                 self.keys.forget(owner)
+            if self._queries is not None:
+                self._queries.forget_owner(owner)
         if self._cache is not None:
             await asyncio.to_thread(self._cache.drop_owners, owners)
         await shard.run(purge_models, list(shard.models.values()), owners)

@@ -389,8 +389,6 @@ class MemoryEngine(MemoryBackend):
         receipt = await self._producer.append_control("owner_erased", user_id)
         await self.runner.keys.erase(user_id)
         await self._transport.forget_dedupe(dedupe_key(user_id, ""))
-        if isinstance(self.runner.provider, CachedEmbeddingProvider):
-            self.runner.provider.forget_owner(user_id)
         return await self._finish(receipt, [], wait)
 
     async def _finish(self, receipt: AppendReceipt, node_ids: list[str], wait: bool) -> StoreResult:

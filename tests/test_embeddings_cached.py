@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 
@@ -271,3 +272,22 @@ async def test_cache_info_counts_hits_and_misses() -> None:
     await cached.embed(["a", "c"])
     info = cached.cache_info()
     assert (info.hits, info.misses, info.entries, info.max_entries) == (1, 3, 3, 5)
+
+
+async def test_a_query_encoded_while_its_owner_is_erased_is_not_kept() -> None:
+    """From a review: a retrieve whose query was being encoded when the owner's erasure
+    dropped the owner's entries stored it afterwards."""
+
+    class Slow(Recorder):
+        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            await asyncio.sleep(0.05)
+            return await super().embed(texts)
+
+    cached = CachedEmbeddingProvider(Slow())
+    asked = asyncio.ensure_future(cached.embed_query("alice's question", owner="alice"))
+    await asyncio.sleep(0.01)  # encoding
+    cached.forget_owner("alice")
+    await asked
+    assert cached.cache_info().entries == 0
+    await cached.embed_query("alice's question", owner="alice")  # asked again: kept
+    assert cached.cache_info().entries == 1

@@ -64,6 +64,8 @@ class CachedEmbeddingProvider:
         """Concurrent queries missing from the cache, encoded as documents together."""
         self._query_keys: dict[str, set[Key]] = {}
         """The query entries of each owner (forgotten when the owner is erased)."""
+        self._forgotten: dict[str, int] = {}
+        """How often each owner was forgotten: a query encoded meanwhile is not kept."""
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its entries (another process fills its own)."""
@@ -71,6 +73,7 @@ class CachedEmbeddingProvider:
             **self.__dict__,
             "_entries": OrderedDict(),
             "_query_keys": {},
+            "_forgotten": {},
             "_hits": 0,
             "_misses": 0,
         }
@@ -126,6 +129,7 @@ class CachedEmbeddingProvider:
 
     def forget_owner(self, owner: str) -> None:
         """Drop ``owner``'s query entries (an erasure: they hold the owner's questions)."""
+        self._forgotten[owner] = self._forgotten.get(owner, 0) + 1
         for key in self._query_keys.pop(owner, ()):
             self._entries.pop(key, None)
 
@@ -144,14 +148,16 @@ class CachedEmbeddingProvider:
         cached = self._lookup(key)
         if cached is not None:
             return cached
+        forgotten = self._forgotten.get(owner, 0)
         if self._query_encoder:
             self._misses += 1
             vector = validate_vector(self._identity, await self._provider.embed_query(text))
             check_identity_unchanged(self._identity, self._provider)
         else:
             vector = await self._queries.encode(text)
-        self._admit(key, vector)
-        self._query_keys.setdefault(owner, set()).add(key)
+        if self._forgotten.get(owner, 0) == forgotten:  # not erased while it was encoded
+            self._admit(key, vector)
+            self._query_keys.setdefault(owner, set()).add(key)
         return list(vector)
 
     async def _embed_queries(self, texts: list[str]) -> list[list[float]]:
