@@ -260,13 +260,15 @@ def _replayer(body: bytes, complete: bool, receive: Receive) -> Receive:
 async def _refuse(send: Send, error: NotOwner, *, not_owner: bool) -> None:
     # A write the hop may have delivered: its outcome is unknown, as an append the log did
     # not confirm (a 503 told clients to send it again).
-    status, kind = (504, "append_unconfirmed") if isinstance(error, HopBroken) else (503, "")
-    content = msgspec.json.encode(ErrorBody(kind or "shard_unavailable", str(error)))
+    unknown = isinstance(error, HopBroken)
+    status, kind = (504, "append_unconfirmed") if unknown else (503, "shard_unavailable")
+    content = msgspec.json.encode(ErrorBody(kind, str(error)))
     headers: list[tuple[bytes, bytes]] = [
         (b"content-type", b"application/json"),
-        (b"retry-after", str(max(1, round(error.retry_after_s))).encode()),
         (b"content-length", str(len(content)).encode()),
     ]
+    if not unknown:  # a retry of a write of unknown outcome is safe only with a request_id
+        headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
     if not_owner:
         headers.append((NOT_OWNER_HEADER.encode(), b"1"))
     start: HTTPResponseStartEvent = {
