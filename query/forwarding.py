@@ -17,6 +17,7 @@ forwarded twice), so a stale map costs a retry, not a loop.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any, Literal, NamedTuple
 from urllib.parse import parse_qs
@@ -127,26 +128,35 @@ class ForwardingMiddleware:
         timeout_s = (
             min(self.timeout_s, WRITE_OWNER_WAIT_S) if route.appended_here else self.timeout_s
         )
-        try:
-            response = await self.router.forward(
-                partition,
-                str(scope.get("method", "")),
-                target,
-                caller=caller.owner,
-                body=body,
-                headers=headers,
-                timeout_s=timeout_s,
-            )
-        except NotOwner as error:
-            refused = (NodeRefused, HopBroken, HopRefused)
-            if route.appended_here and not isinstance(error, refused):
-                await self.app(scope, replay, stamped)  # no owner reached: the log takes it
+        clock = asyncio.get_running_loop()
+        deadline = clock.time() + timeout_s
+        while True:
+            try:
+                response = await self.router.forward(
+                    partition,
+                    str(scope.get("method", "")),
+                    target,
+                    caller=caller.owner,
+                    body=body,
+                    headers=headers,
+                    timeout_s=max(0.0, deadline - clock.time()),
+                )
+            except NotOwner as error:
+                refused = (NodeRefused, HopBroken, HopRefused)
+                if route.appended_here and not isinstance(error, refused):
+                    await self.app(scope, replay, stamped)  # no owner reached: the log takes it
+                    return
+                await _refuse(stamped, error, not_owner=False)
                 return
-            await _refuse(stamped, error, not_owner=False)
-            return
-        if response is None:
-            await self.app(scope, replay, stamped)
-            return
+            if response is not None:
+                break
+            if route.appended_here:
+                await self.app(scope, replay, stamped)
+                return
+            retry = clock.time() < deadline
+            if await self._served_here(partition, scope, replay, stamped, retry=retry):
+                return
+            replay = _replayer(body, complete, receive)  # the partition moved: route again
         relayed: list[tuple[bytes, bytes]] = [
             (name.encode(), value.encode())
             for name, value in response.headers.items()
@@ -180,10 +190,36 @@ class ForwardingMiddleware:
         if self.router.owns(partition) and (
             route.appended_here or await self.router.runner.wait_serving(partition, self.timeout_s)
         ):
-            await self.app(scope, receive, send)
-            return
+            if route.appended_here:
+                await self.app(scope, receive, send)
+                return
+            if await self._served_here(partition, scope, receive, send, retry=True):
+                return
         error = NotOwner(f"{self.router.url} does not own partition {partition}")
         await _refuse(send, error, not_owner=True)
+
+    async def _served_here(
+        self, partition: int, scope: Scope, receive: Receive, send: Send, *, retry: bool
+    ) -> bool:
+        """Let the app answer a read of ``partition``; False, with nothing sent, when the
+        app answered 503 because a rebalance took the partition from this node while the
+        request was on its way in (the caller routes it again). A rebalance revokes every
+        partition and gives most back; the ones that moved left such a read with no shard
+        (a scale-out's handovers measured 3 of 3,200 reads)."""
+        held: list[Message] = []
+
+        async def hold_unavailable(message: Message) -> None:
+            if held or (message["type"] == "http.response.start" and message["status"] == 503):
+                held.append(message)
+                return
+            await send(message)
+
+        await self.app(scope, receive, hold_unavailable)
+        if held and retry and not self.router.owns(partition):
+            return False
+        for message in held:
+            await send(message)
+        return True
 
     def _stamp(self, send: Send) -> Send:
         url = self.router.url.encode()

@@ -196,3 +196,86 @@ def test_children_that_keep_dying_stop_the_supervisor_with_their_status(
         signal.signal(signal.SIGTERM, handlers[1])
     # Each exit on its own was met by a start, until the crash loop (more than 5 a minute).
     assert len(started) == 3 + processes.RESTARTS_PER_MINUTE
+
+
+class _MovingRouter:
+    """The router's side of the middleware for one partition that moves away from this
+    node while a read is inside the app (the race a scale-out's rebalances hit)."""
+
+    def __init__(self) -> None:
+        self.settings = Settings()
+        self.url = "http://here:1"
+        self.here = True
+        self.forwarded: list[str] = []
+        self.runner = self
+
+    async def wait_serving(self, partition: int, timeout_s: float) -> bool:
+        return self.here
+
+    def partition_of(self, owner: str) -> int:
+        return 3
+
+    def check_forwarded(self, headers: dict[str, str]) -> str | None:
+        return "alice" if "x-prme-forwarded-caller" in headers else None
+
+    def owns(self, partition: int) -> bool:
+        return self.here
+
+    async def forward(self, partition: int, method: str, target: str, **_: Any) -> Any:
+        if self.here:
+            return None
+        self.forwarded.append(target)
+        return httpx.Response(200, json=["from the new owner"])
+
+
+async def _moved_mid_read(hop: bool) -> tuple[int, bytes, dict[str, str], _MovingRouter]:
+    from prme.query.auth import ApiKeys
+    from prme.query.forwarding import ForwardingMiddleware
+
+    router = _MovingRouter()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        router.here = False  # revoked while the request was on its way to the shard
+        body = b'{"error":"shard_unavailable","detail":"not projected here"}'
+        await send({"type": "http.response.start", "status": 503, "headers": []})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    middleware = ForwardingMiddleware(app, router, ApiKeys({"k": "alice"}))  # type: ignore[arg-type]
+    headers = [(b"authorization", b"Bearer k")]
+    if hop:
+        headers.append((b"x-prme-forwarded-caller", b"alice"))
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/v1/history",
+        "raw_path": b"/v1/history",
+        "query_string": b"user_id=alice",
+        "headers": headers,
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await middleware(scope, receive, send)
+    start, body = sent[0], sent[-1]["body"]
+    names = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    return start["status"], body, names, router
+
+
+async def test_a_read_whose_partition_moves_while_it_is_served_goes_to_the_new_owner() -> None:
+    """A scale-out's benchmark found reads answered 503 shard_unavailable: the partition
+    moved between the router's decision to serve it here and the app's reading it."""
+    status, body, _, router = await _moved_mid_read(hop=False)
+    assert (status, router.forwarded) == (200, ["/v1/history?user_id=alice"])
+    assert b"from the new owner" in body
+
+
+async def test_a_forwarded_read_whose_partition_moves_meanwhile_is_refused_as_not_owner() -> None:
+    # The entry node reads the map again and sends it on (a 503 without the header was
+    # relayed to the client).
+    status, _, headers, _ = await _moved_mid_read(hop=True)
+    assert status == 503 and headers.get("x-prme-not-owner") == "1"
