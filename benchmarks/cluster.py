@@ -16,9 +16,17 @@ the session timeout; without a standby the survivors then restore the dead node'
 partitions (vectors from the changelog, every record replayed), so a standby's gain grows
 with the records those partitions hold.
 
+``scaleout``: one ``prme serve`` node on Kafka holds the pack; a second joins, and every
+owner's history is asked through the first node, 16 at a time, until the two nodes own
+and serve six partitions each: requests that did not answer 200, their latency, and the
+seconds until the split, with warm-up replicas (``cluster.max_warmup_replicas`` 2, the
+default) and without (0: a moved partition is replayed by its new owner before it is
+served).
+
     python -m benchmarks.cluster throughput [--memories 2000] [--clients 16] [--seconds 20]
     python -m benchmarks.cluster failover [--owners 200] [--messages 60000]
         [--session-timeout-s 3] [--bootstrap HOST:PORT]
+    python -m benchmarks.cluster scaleout [--owners 200] [--messages 60000] [--bootstrap ...]
 """
 
 from __future__ import annotations
@@ -297,6 +305,46 @@ def throughput_ceiling(one: dict[str, Any], two: dict[str, Any], cores: int) -> 
     return ratio(1000 * cores / cpu_ms, one["requests_per_s"])
 
 
+def kafka_env(
+    bootstrap: str, topic: str, arguments: argparse.Namespace, **extra: str
+) -> dict[str, str]:
+    return clean_env(
+        PRME_LOG__TRANSPORT="kafka",
+        PRME_LOG__BOOTSTRAP=bootstrap,
+        PRME_LOG__TOPIC=topic,
+        PRME_LOG__DLQ_TOPIC=f"{topic}.dlq",
+        PRME_CLUSTER__GROUP=f"{topic}-group",
+        PRME_CLUSTER__SECRET="bench",
+        PRME_CLUSTER__SESSION_TIMEOUT_S=str(arguments.session_timeout_s),
+        PRME_EMBEDDING__THREADS="1",
+        **extra,
+    )
+
+
+async def fill_from_pool(
+    http: httpx.AsyncClient, urls: list[str], names: list[str], arguments: argparse.Namespace
+) -> None:
+    """``--messages`` messages of ``names`` drawn from ``--distinct-texts`` texts, so the
+    fill embeds the pool, not every message; each (owner, text) still has its own record,
+    changelog entry and documents, which a moved partition restores. Waits until every
+    node has projected them."""
+    rng = random.Random(5)
+    pool = [chat_turn(rng) for _ in range(arguments.distinct_texts)]
+    for start in range(0, arguments.messages, 200):
+        batch = [
+            {"user_id": rng.choice(names), "content": rng.choice(pool)}
+            for _ in range(min(200, arguments.messages - start))
+        ]
+        answer = await http.post(
+            urls[start // 200 % len(urls)] + "/v1/memories/batch",
+            json={"messages": batch, "wait": False},
+        )
+        answer.raise_for_status()
+    for url in urls:
+        while (await http.get(url + "/v1/ready")).json()["lag"]:
+            await asyncio.sleep(0.5)  # poll interval while the nodes embed the pack
+
+
 # -- failover -------------------------------------------------------------------------
 
 
@@ -322,17 +370,7 @@ async def failover_once(
 ) -> dict[str, Any]:
     owners = arguments.owners
     topic = f"failover-{tag}"
-    env = clean_env(
-        PRME_LOG__TRANSPORT="kafka",
-        PRME_LOG__BOOTSTRAP=bootstrap,
-        PRME_LOG__TOPIC=topic,
-        PRME_LOG__DLQ_TOPIC=f"{topic}.dlq",
-        PRME_CLUSTER__GROUP=f"{topic}-group",
-        PRME_CLUSTER__SECRET="bench",
-        PRME_CLUSTER__STANDBY_REPLICAS=str(standbys),
-        PRME_CLUSTER__SESSION_TIMEOUT_S=str(arguments.session_timeout_s),
-        PRME_EMBEDDING__THREADS="1",
-    )
+    env = kafka_env(bootstrap, topic, arguments, PRME_CLUSTER__STANDBY_REPLICAS=str(standbys))
     ports = [free_port() for _ in range(3)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     log = work / f"{tag}.log"
@@ -353,24 +391,7 @@ async def failover_once(
             for name in names:
                 body = {"user_id": name, "content": f"{name} keeps bees"}
                 (await http.post(urls[0] + "/v1/memories", json=body)).raise_for_status()
-            rng = random.Random(5)
-            # The pack the partitions carry. Its texts come from a pool, so filling it
-            # embeds the pool, not every message; each (owner, text) still has its own
-            # record, changelog entry and documents, which is what a takeover restores.
-            pool = [chat_turn(rng) for _ in range(arguments.distinct_texts)]
-            for start in range(0, arguments.messages, 200):
-                batch = [
-                    {"user_id": rng.choice(names), "content": rng.choice(pool)}
-                    for _ in range(min(200, arguments.messages - start))
-                ]
-                answer = await http.post(
-                    urls[start // 200 % 3] + "/v1/memories/batch",
-                    json={"messages": batch, "wait": False},
-                )
-                answer.raise_for_status()
-            for url in urls:  # every node projected (and its standbys caught up)
-                while (await http.get(url + "/v1/ready")).json()["lag"]:
-                    await asyncio.sleep(0.5)  # poll interval while the nodes embed the pack
+            await fill_from_pool(http, urls, names, arguments)
             if standbys:
                 await asyncio.sleep(3.0)
         victim = nodes[2]
@@ -410,9 +431,122 @@ async def failover(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
 
 
+# -- scale-out ------------------------------------------------------------------------
+
+
+async def scaleout_once(
+    bootstrap: str, work: Path, arguments: argparse.Namespace, warmups: int, tag: str
+) -> dict[str, Any]:
+    topic = f"scaleout-{tag}"
+    env = kafka_env(bootstrap, topic, arguments, PRME_CLUSTER__MAX_WARMUP_REPLICAS=str(warmups))
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    log = work / f"{tag}.log"
+    first = start_serve(work / f"{tag}-n0", ports[0], [], env, log)
+    nodes = [first]
+    names = [f"so-{i}" for i in range(arguments.owners)]
+    try:
+        await wait_ready(urls[0], first, log)
+        async with httpx.AsyncClient(timeout=120) as http:
+            await fill_from_pool(http, urls[:1], names, arguments)
+        samples: list[tuple[float, int]] = []
+        failures: list[str] = []
+        stop_asking = asyncio.Event()
+
+        async def ask() -> None:
+            gate = asyncio.Semaphore(16)
+            async with httpx.AsyncClient(timeout=60) as http:
+
+                async def one(owner: str) -> None:
+                    async with gate:
+                        began = time.monotonic()
+                        try:
+                            answer = await http.get(
+                                urls[0] + "/v1/history", params={"user_id": owner}
+                            )
+                            status = answer.status_code
+                            if status != 200 and len(failures) < 5:
+                                failures.append(f"{status} {answer.text[:160]}")
+                        except httpx.HTTPError as error:
+                            status = 0
+                            failures.append(f"{type(error).__name__}: {error}"[:160])
+                        samples.append((time.monotonic() - began, status))
+
+                while not stop_asking.is_set():
+                    await asyncio.gather(*(one(owner) for owner in names))
+
+        asking = asyncio.get_running_loop().create_task(ask())
+        joined = time.monotonic()
+        second = start_serve(work / f"{tag}-n1", ports[1], [], env, log)
+        nodes.append(second)
+        half = 6
+        async with httpx.AsyncClient(timeout=30) as http:
+            while True:
+                try:
+                    views = [(await http.get(u + "/v1/cluster")).json() for u in urls]
+                    mine = [
+                        next((m["partitions"] for m in v["members"] if m["url"] == u), [])
+                        for u, v in zip(urls, views, strict=True)
+                    ]
+                    if [len(p) for p in mine] == [half, half] and all(
+                        len(v["serving"]) == half for v in views
+                    ):
+                        break
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+                if time.monotonic() - joined > 900:
+                    raise RuntimeError("the two nodes did not split the partitions in 900 s")
+                await asyncio.sleep(0.2)  # poll interval while the group rebalances
+        split_s = time.monotonic() - joined
+        stop_asking.set()
+        await asking
+        failed = sum(1 for _, status in samples if status != 200)
+        return {
+            "split_s": round(split_s, 2),
+            "requests": len(samples),
+            "failed": failed,
+            "failures": failures,
+            "latency": latency_summary([s for s, _ in samples]),
+        }
+    finally:
+        for node in nodes:
+            stop(node)
+
+
+async def scaleout(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {"warmups_2": [], "warmups_0": []}
+    with kafka_broker(arguments.bootstrap, work / "kafka") as bootstrap:
+        for run in range(arguments.runs):
+            for warmups in (2, 0):
+                runs[f"warmups_{warmups}"].append(
+                    await scaleout_once(
+                        bootstrap, work, arguments, warmups, f"w{warmups}-r{run}-{os.getpid()}"
+                    )
+                )
+    return {
+        "benchmark": "cluster.scaleout",
+        "machine": machine(),
+        "owners": arguments.owners,
+        "messages": arguments.messages,
+        "distinct_texts": arguments.distinct_texts,
+        "runs": runs,
+        "median": {
+            name: {
+                "split_s": median([r["split_s"] for r in rs]),
+                "failed": median([r["failed"] for r in rs]),
+                "max_ms": median([r["latency"].max_ms for r in rs]),
+                "p95_ms": median([r["latency"].p95_ms for r in rs]),
+            }
+            for name, rs in runs.items()
+        },
+        "method": "one node holds the pack, a second joins; every owner's history is asked "
+        "through the first node, 16 at a time, until each node owns and serves 6 partitions",
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("figure", choices=["throughput", "failover"])
+    parser.add_argument("figure", choices=["throughput", "failover", "scaleout"])
     parser.add_argument("--memories", type=int, default=2_000)
     parser.add_argument("--owners", type=int, default=200)
     parser.add_argument("--clients", type=int, default=16)
@@ -431,7 +565,9 @@ def main(argv: list[str] | None = None) -> None:
     add_common_options(parser)
     arguments = parser.parse_args(argv)
     with scratch_directory(arguments.work_dir) as work:
-        measure = throughput if arguments.figure == "throughput" else failover
+        measure = {"throughput": throughput, "failover": failover, "scaleout": scaleout}[
+            arguments.figure
+        ]
         report = asyncio.run(measure(arguments, work))
     emit(report, arguments.out)
 

@@ -131,6 +131,12 @@ class KafkaLogConsumer(LogConsumer):
         """Partitions currently assigned to this member."""
         return {tp.partition for tp in self._require().assignment() if tp.topic == self._topic}
 
+    def request_rebalance(self) -> None:
+        # aiokafka has no public call for it; its coordinator rejoins on this future.
+        coordinator = getattr(self._require(), "_coordinator", None)
+        if coordinator is not None:
+            coordinator.request_rejoin()
+
     async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
         # getmany has its own deadline; wrapping it in wait_for as well left a cancelled
         # poll hanging (the runner's close waited on it forever).

@@ -115,9 +115,10 @@ def duplicate_members(claims: Mapping[str, MemberClaim]) -> set[str]:
 def plan_cluster(
     claims: Mapping[str, MemberClaim], partitions: Iterable[int], standby_replicas: int = 0
 ) -> dict[str, ClusterMember]:
-    """Owners and standbys per member id: balanced (counts differ by at most one), a
-    member keeps the partitions it owned, a partition that must move goes to the member
-    with the most caught-up copy of it (a standby), then to the least loaded member.
+    """Owners and standbys per member id: balanced (counts differ by at most one, once no
+    copy is warming up: ``hold_cold_moves``), a member keeps the partitions it owned, a
+    partition that must move goes to the member with the most caught-up copy of it (a
+    standby), then to the least loaded member.
     A member with an empty URL (a ``prme project`` worker) projects but is not routed to.
     Standbys per partition: the most that ``standby_replicas`` or any claim asks for, on
     members that hold standbys (``plan_standbys``)."""
@@ -143,12 +144,66 @@ def plan_cluster(
             key=lambda m: (claims[m].warm.get(partition, -1), -len(owned[m]), claims[m].url),
         )
         owned[best].append(partition)
+    warmups = hold_cold_moves(claims, owned)
     replicas = max([standby_replicas, *(claims[m].standby_replicas for m in ordered)])
     standbys = plan_standbys(claims, owned, replicas)
     return {
-        m: ClusterMember(url=claims[m].url, partitions=sorted(owned[m]), standbys=standbys[m])
+        m: ClusterMember(
+            url=claims[m].url,
+            partitions=sorted(owned[m]),
+            standbys=sorted(set(standbys[m]) | warmups[m]),
+            warmups=sorted(warmups[m]),
+        )
         for m in ordered
     }
+
+
+def hold_cold_moves(
+    claims: Mapping[str, MemberClaim], owned: dict[str, list[int]]
+) -> dict[str, set[int]]:
+    """Kafka Streams' warm-up replicas (KIP-441), on a balanced plan ``owned`` (changed in
+    place): a partition the plan moves away from its live owner (a member that owned it in
+    the last generation) to a member whose copy is more than ``acceptable_recovery_lag``
+    records behind the owner's stays with its owner, which serves it meanwhile, instead of
+    going to a node that would answer 503 while it replays. Up to ``max_warmup_replicas``
+    of those, across the group, become warm-ups of the members the plan chose: the
+    returned partitions per member; the rest wait for a later plan. Partitions whose owner
+    left, and those going to a member that can keep no copy (a worker without a URL, a
+    process sharing its data directory), move at once, as before."""
+    warmups: dict[str, set[int]] = {m: set() for m in claims}
+    budget = max((c.max_warmup_replicas for c in claims.values()), default=0)
+    if budget == 0:
+        return warmups
+    lag = max(c.acceptable_recovery_lag for c in claims.values())
+    ordered = sorted(claims, key=lambda m: (claims[m].url, m))
+    source: dict[int, str] = {}
+    for member in ordered:
+        for partition in claims[member].owned:
+            held = source.get(partition)
+            mine = claims[member].warm.get(partition, -1)
+            if held is None or mine > claims[held].warm.get(partition, -1):
+                source[partition] = member
+    for member in ordered:
+        for partition in sorted(owned[member]):
+            owner = source.get(partition)
+            if owner is None or owner == member:
+                continue
+            if not (claims[member].url and claims[member].holds_standbys):
+                continue  # it can keep no copy to warm up: it replays after taking over
+            behind = claims[owner].warm.get(partition, -1) - claims[member].warm.get(partition, -1)
+            if behind <= lag:
+                continue
+            owned[member].remove(partition)
+            owned[owner].append(partition)
+            if budget:
+                warmups[member].add(partition)
+                budget -= 1
+    if any(warmups.values()):
+        _log.info(
+            "kept partitions with their owners while copies warm up: %s",
+            {claims[m].url: sorted(ps) for m, ps in warmups.items() if ps},
+        )
+    return warmups
 
 
 def plan_standbys(

@@ -303,6 +303,9 @@ class LocalLogConsumer:
     async def position(self, partition: int) -> int:
         return self._positions[partition]
 
+    def request_rebalance(self) -> None:
+        return None  # the local log's split is static
+
     async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:

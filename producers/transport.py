@@ -173,3 +173,8 @@ class LogConsumer(Protocol):
     async def poll(self, max_records: int, timeout_s: float) -> dict[int, list[LogEntry]]:
         """The next records of assigned partitions; may call the assignment callbacks."""
         ...
+
+    def request_rebalance(self) -> None:
+        """Ask the group to plan the assignment again (Kafka: this member rejoins; the
+        local log's split is static, so nothing happens)."""
+        ...

@@ -82,6 +82,11 @@ STANDBY_ENCODE_AFTER_S = 10.0
 MAX_BATCH_FACTOR = 16
 """A consumer that is behind polls up to this many times ``batch_size`` records: every
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
+PROBE_EVERY_S = 5.0
+"""A node asks the group to plan again for its warm-up copies at most this often."""
+PROBE_AFTER_S = 30.0
+"""Some warm-up copies caught up, others not: the ready ones wait this long after the map
+for the others before the node asks the group to plan again."""
 APPLY_BUDGET_S = 2.0
 """A poll is sized to take about this long to apply, once one has been timed: the next
 poll waits for it, so a write to another partition meanwhile waits for it too. A new-user
@@ -219,6 +224,12 @@ class ProjectorRunner:
         self._takeovers: dict[int, Takeover] = {}
         """Per partition assigned and not served yet (noted in the log and the takeover
         metrics once served); one a rebalance interrupts resumes its first entry."""
+        self._warmups: set[int] = set()
+        """Partitions the newest map asks this node to warm up before it takes them."""
+        self._probed: tuple[int, float] = (-1, -PROBE_EVERY_S)
+        """The map generation this node last asked the group to plan again in, and when."""
+        self._map_at = 0.0
+        """When the newest map arrived (monotonic)."""
         self._standby_waits: dict[int, tuple[int, float]] = {}
         """Per standby partition: the first offset of the batch waiting for its owner's
         vectors, and since when it waits."""
@@ -229,6 +240,7 @@ class ProjectorRunner:
             self._partition_lock,
             may_open=lambda: self.records_behind() == 0,
             closed=self._released,
+            after_pass=self._probe_when_warm,
         )
         """Warm copies of partitions other nodes own (``cluster.standby_replicas``)."""
         self.dead_letter_count = 0
@@ -393,6 +405,8 @@ class ProjectorRunner:
             secret_tag=self._claimed_secret_tag(),
             instance=self.instance,
             reaches_url=self._url_reached,
+            max_warmup_replicas=self.settings.cluster.max_warmup_replicas,
+            acceptable_recovery_lag=self.settings.cluster.acceptable_recovery_lag,
         )
 
     def _claimed_secret_tag(self) -> str:
@@ -419,19 +433,46 @@ class ProjectorRunner:
 
     def _on_map(self, cluster_map: ClusterMap) -> None:
         self.cluster_map = cluster_map
+        self._map_at = time.monotonic()
         if (refusal := self.refusal) is not None:
             _log.error("the group gave this node (%s) no partitions: %s", self.url, refusal)
         mine = cluster_map.member(self.url) if self.url and refusal is None else None
         self._owned_last = set(mine.partitions) if mine is not None else set(self.shards)
         if mine is not None:
-            self.standbys.want(set(mine.standbys), set(mine.partitions))
+            self.standbys.want(set(mine.standbys) | set(mine.warmups), set(mine.partitions))
+        self._warmups = set(mine.warmups) if mine is not None else set()
         self.metrics.cluster_partitions.labels("standby").set(len(mine.standbys) if mine else 0)
+        self.metrics.cluster_partitions.labels("warmup").set(len(self._warmups))
         _log.info(
             "cluster generation %d: %s",
             cluster_map.generation,
             {m.url or "(worker)": m.partitions for m in cluster_map.members},
         )
         self._wake()
+
+    def _probe_when_warm(self) -> None:
+        """Ask the group to plan again when this node's warm-up copies have caught up (all
+        of them, or some and the map is ``PROBE_AFTER_S`` old), once per map generation
+        and at most every ``PROBE_EVERY_S``: the leader then hands the caught-up
+        partitions over (Kafka Streams probes on a timer; a node that knows its copies
+        are ready need not wait for one)."""
+        cluster_map, consumer = self.cluster_map, self._consumer
+        ready = self._warmups & self.standbys.caught_up
+        if cluster_map is None or consumer is None or not ready:
+            return
+        now = time.monotonic()
+        generation, probed_at = self._probed
+        if generation == cluster_map.generation or now - probed_at < PROBE_EVERY_S:
+            return
+        if ready != self._warmups and now - self._map_at < PROBE_AFTER_S:
+            return
+        self._probed = (cluster_map.generation, now)
+        _log.info(
+            "warm-up copies of partitions %s caught up: asking the group to plan again",
+            sorted(ready),
+        )
+        self.metrics.warmup_probes.inc()
+        consumer.request_rebalance()
 
     def _wake(self) -> None:
         task = asyncio.get_running_loop().create_task(self._notify())

@@ -41,10 +41,12 @@ class StandbyKeeper:
         lock: Callable[[int], asyncio.Lock],
         may_open: Callable[[], bool] = lambda: True,
         closed: Callable[[int], None] = lambda partition: None,
+        after_pass: Callable[[], None] = lambda: None,
     ) -> None:
         """``may_open``: whether new standbys may open now (a node catching up on the
         partitions it owns opens none: a new standby replays its whole partition);
-        ``closed``: told of each standby closed because the map no longer asks for it."""
+        ``closed``: told of each standby closed because the map no longer asks for it;
+        ``after_pass``: called after each pass over the standbys (``caught_up`` is new)."""
         self._transport = transport
         self._closed = closed
         self._may_open = may_open
@@ -55,6 +57,9 @@ class StandbyKeeper:
         self._wanted: set[int] = set()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.caught_up: set[int] = set()
+        """Standbys whose last read reached the log's end (and was applied)."""
+        self._after_pass = after_pass
         self.failure: BaseException | None = None
         """The last failure, until a pass over every standby succeeds again (the owners
         still serve meanwhile; only the copies fall behind)."""
@@ -76,6 +81,7 @@ class StandbyKeeper:
         """Hand a standby shard over (its partition became this node's); None if not
         kept here. The caller holds the partition's lock."""
         self._wanted.discard(partition)
+        self.caught_up.discard(partition)
         return self.shards.pop(partition, None)
 
     def positions(self) -> dict[int, int]:
@@ -98,6 +104,7 @@ class StandbyKeeper:
                 for partition in list(self.shards):
                     applied += await self._step(partition)
                 self.failure = None
+                self._after_pass()
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # the owners still serve; the copies fall behind
@@ -114,6 +121,7 @@ class StandbyKeeper:
         for partition in sorted(set(self.shards) - self._wanted):
             async with self._lock(partition):
                 shard = self.shards.pop(partition, None)
+                self.caught_up.discard(partition)
                 if shard is not None:
                     await shard.close()
                     self._closed(partition)
@@ -134,6 +142,9 @@ class StandbyKeeper:
             await shard.ensure_open()
             start = max(shard.position, shard.applied_offset()) + 1
             entries = await self._transport.read(partition, start, CHUNK)
-            if entries and await self._apply(partition, shard, list(entries)):
-                return len(entries)
-            return 0
+            applied = bool(entries) and await self._apply(partition, shard, list(entries))
+            if len(entries) < CHUNK and (applied or not entries):
+                self.caught_up.add(partition)
+            else:
+                self.caught_up.discard(partition)
+            return len(entries) if applied else 0

@@ -20,6 +20,12 @@ class ClusterMember(msgspec.Struct, frozen=True, kw_only=True):
     """Partitions this node owns (serves and projects)."""
     standbys: list[int] = []
     """Partitions this node keeps warm copies of, applied continuously, not served."""
+    warmups: list[int] = []
+    """Partitions the plan would give this node but that its copy is too far behind to
+    serve at once (more than ``MemberClaim.acceptable_recovery_lag`` records behind the
+    owner): their owner keeps them while this node builds a copy, as a standby, and the
+    node asks the group to plan again once the copy has caught up (Kafka Streams'
+    warm-up replicas). Also listed in ``standbys``."""
 
 
 class TopicRefused(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,6 +103,10 @@ class MemberClaim(msgspec.Struct, frozen=True, kw_only=True):
     reaches_url: bool = False
     """A request to its URL was seen to reach it when it started: of members advertising
     one URL, the group keeps one that it reaches."""
+    max_warmup_replicas: int = 0
+    """``cluster.max_warmup_replicas``: the group keeps the most any member asks for."""
+    acceptable_recovery_lag: int = 0
+    """``cluster.acceptable_recovery_lag``: the group keeps the most any member asks for."""
 
 
 SECRET_REFUSED = (

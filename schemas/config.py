@@ -201,6 +201,21 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Warm copies of each partition kept by other members, applied continuously; the
     assignor hands a moved partition to its most caught-up standby. The group keeps the
     most any member asks for; processes sharing a data directory hold none."""
+    max_warmup_replicas: Count = 2
+    """Kafka: how many partitions may be warming up on new owners at once across the group
+    (Kafka Streams' ``max.warmup.replicas``). When a balanced plan would move a partition
+    to a node whose copy is more than ``acceptable_recovery_lag`` records behind its live
+    owner, the owner keeps serving it and the node builds a copy first (a warm-up: a
+    standby it replays from the log and the vector changelog); when the copy has caught
+    up, the node asks the group to plan again and takes the partition warm. 0: a partition
+    moves at once and its new owner replays it before serving it (503 meanwhile). The
+    group keeps the most any member asks for."""
+    acceptable_recovery_lag: Count = 1_000
+    """Kafka: a copy at most this many records behind the partition's owner takes the
+    partition at once (Kafka Streams' ``acceptable.recovery.lag``, 10,000 there); one
+    further behind warms up first. A takeover replays ~1,300 records/s with vectors from
+    the changelog on 2 cores, so 1,000 is about a second of 503s. The group keeps the most
+    any member asks for."""
     state_cleanup_delay_s: Annotated[float, msgspec.Meta(ge=0, le=365 * 86_400)] = 600.0
     """Kafka: the read models of a partition this node no longer owns nor keeps a standby
     of are deleted after this long (Kafka Streams' ``state.cleanup.delay.ms``). Kept, they

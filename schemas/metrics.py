@@ -160,8 +160,13 @@ class Metrics:
         )
         self.cluster_partitions = gauge(
             "prme_cluster_owned_partitions",
-            "Partitions this node owns (serves and projects), and those it keeps as standbys",
+            "Partitions this node owns (serves and projects), those it keeps as standbys, and "
+            "those it warms up to take over (role: owner, standby, warmup)",
             ("role",),
+        )
+        self.warmup_probes = counter(
+            "prme_cluster_warmup_probes",
+            "Rebalances this node asked for because its warm-up copies caught up",
         )
         # -- retrieval ---------------------------------------------------------------
         self.retrieve_duration = histogram(

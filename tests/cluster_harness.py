@@ -104,6 +104,14 @@ class Node:
             [*command, "--api-key", ADMIN_KEY], capture_output=True, text=True, timeout=60
         )
 
+    def metric(self, name: str) -> float:
+        """The sum of the samples of ``name`` (with its labels, if given) on ``/metrics``."""
+        total = 0.0
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                total += float(line.split()[-1])
+        return total
+
     def post(self, path: str, body: Any, **kwargs: Any) -> httpx.Response:
         headers = kwargs.pop("headers", ADMIN)
         return httpx.post(self.url + path, json=body, headers=headers, timeout=60, **kwargs)

@@ -312,3 +312,74 @@ def test_a_member_subscribed_to_another_topic_gets_nothing_and_is_named() -> Non
     assert sorted(len(p) for [(_, p)] in (assignment["a"], assignment["b"])) == [6, 6]
     assert "it reads the topic 'trialb.other'" in other_topic_refusal("trialb.other", handed)
     assert "'prme.events'" in other_topic_refusal("trialb.other", handed)
+
+
+def _scaling_out(**limits: int) -> dict[str, MemberClaim]:
+    """a owns every partition, 50,000 records applied in each; b has just joined."""
+    return {
+        "a": MemberClaim(
+            url="http://a", owned=list(range(6)), warm=dict.fromkeys(range(6), 50_000), **limits
+        ),
+        "b": MemberClaim(url="http://b", **limits),
+    }
+
+
+def test_a_partition_whose_new_owner_is_cold_stays_with_its_owner_while_a_copy_warms_up() -> None:
+    plan = plan_cluster(
+        _scaling_out(max_warmup_replicas=2, acceptable_recovery_lag=10_000), range(6)
+    )
+    assert owned(plan, "a") == list(range(6))  # a keeps serving all of them
+    assert owned(plan, "b") == []
+    assert plan["b"].warmups == [3, 4]  # the first two the balanced plan gave b
+    assert set(plan["b"].warmups) <= set(plan["b"].standbys)
+    assert plan["a"].warmups == []
+
+
+def test_caught_up_warm_ups_move_and_the_next_ones_start() -> None:
+    claims = _scaling_out(max_warmup_replicas=2, acceptable_recovery_lag=10_000)
+    # b's warm-ups of 3 and 4 are within the acceptable lag of a's copies
+    claims["b"] = msgspec.structs.replace(claims["b"], warm={3: 45_000, 4: 50_000})
+    plan = plan_cluster(claims, range(6))
+    assert owned(plan, "b") == [3, 4]
+    assert owned(plan, "a") == [0, 1, 2, 5]
+    assert plan["b"].warmups == [5]
+
+
+def test_copies_within_the_acceptable_lag_move_at_once() -> None:
+    claims = _scaling_out(max_warmup_replicas=2, acceptable_recovery_lag=60_000)
+    plan = plan_cluster(claims, range(6))
+    assert sorted(len(owned(plan, m)) for m in plan) == [3, 3]
+    assert plan["b"].warmups == []
+
+
+def test_no_warm_ups_moves_cold_partitions_at_once() -> None:
+    plan = plan_cluster(_scaling_out(max_warmup_replicas=0, acceptable_recovery_lag=10), range(6))
+    assert sorted(len(owned(plan, m)) for m in plan) == [3, 3]
+    assert all(not member.warmups for member in plan.values())
+
+
+def test_a_dead_owners_partitions_move_cold_without_waiting() -> None:
+    # the owner of 3..5 left: nobody serves them, so they go to b however cold it is
+    claims = {
+        "a": MemberClaim(
+            url="http://a",
+            owned=[0, 1, 2],
+            warm=dict.fromkeys(range(3), 50_000),
+            max_warmup_replicas=2,
+        ),
+        "b": MemberClaim(url="http://b", max_warmup_replicas=2),
+    }
+    plan = plan_cluster(claims, range(6))
+    assert owned(plan, "b") == [3, 4, 5]
+    assert plan["b"].warmups == []
+
+
+def test_a_node_that_can_keep_no_copy_takes_its_share_at_once() -> None:
+    for joiner in (
+        MemberClaim(url="http://b", holds_standbys=False, max_warmup_replicas=2),
+        MemberClaim(url="", max_warmup_replicas=2),  # a prme project worker
+    ):
+        claims = {**_scaling_out(max_warmup_replicas=2, acceptable_recovery_lag=10), "b": joiner}
+        plan = plan_cluster(claims, range(6))
+        assert sorted(len(owned(plan, m)) for m in plan) == [3, 3]
+        assert plan["b"].warmups == []

@@ -33,14 +33,6 @@ TAKEOVER = 'prme_cluster_takeover_records_total{{how="{}"}}'
 HOW = ("standby", "opened")
 
 
-def metric(node: Node, name: str) -> float:
-    total = 0.0
-    for line in node.get("/metrics").text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.split()[-1])
-    return total
-
-
 class Load:
     """Writes and reads through the survivors until stopped (bounded in count and time)."""
 
@@ -159,14 +151,12 @@ def run_failover(
                 assert time.monotonic() < deadline, views
                 time.sleep(0.2)  # poll interval while the standbys open and catch up
         survivors, victim = nodes[:2], nodes[2]
-        promoted = {n.name: metric(n, "prme_cluster_standby_promotions_total") for n in survivors}
-        replayed = {
-            n.name: {how: metric(n, TAKEOVER.format(how)) for how in HOW} for n in survivors
-        }
+        promoted = {n.name: n.metric("prme_cluster_standby_promotions_total") for n in survivors}
+        replayed = {n.name: {how: n.metric(TAKEOVER.format(how)) for how in HOW} for n in survivors}
         with Load(survivors, owners) as load:
             time.sleep(2.0)  # the load runs before the kill too
             load.killed.set()  # from here on every write counts as after the kill
-            encoded = {n.name: metric(n, "prme_embedding_texts_encoded_total") for n in survivors}
+            encoded = {n.name: n.metric("prme_embedding_texts_encoded_total") for n in survivors}
             victim.kill()
             killed = time.monotonic()
             while not every_owner_answers(survivors[0], owners):
@@ -176,10 +166,10 @@ def run_failover(
             time.sleep(2.0)  # and after the failover
         after = {
             n.name: {
-                "encoded": metric(n, "prme_embedding_texts_encoded_total") - encoded[n.name],
-                "promoted": metric(n, "prme_cluster_standby_promotions_total") - promoted[n.name],
+                "encoded": n.metric("prme_embedding_texts_encoded_total") - encoded[n.name],
+                "promoted": n.metric("prme_cluster_standby_promotions_total") - promoted[n.name],
                 **{
-                    f"replayed_{how}": metric(n, TAKEOVER.format(how)) - replayed[n.name][how]
+                    f"replayed_{how}": n.metric(TAKEOVER.format(how)) - replayed[n.name][how]
                     for how in HOW
                 },
             }
