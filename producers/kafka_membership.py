@@ -163,13 +163,14 @@ def hold_cold_moves(
 ) -> dict[str, set[int]]:
     """Kafka Streams' warm-up replicas (KIP-441), on a balanced plan ``owned`` (changed in
     place): a partition the plan moves away from its live owner (a member that owned it in
-    the last generation) to a member whose copy is more than ``acceptable_recovery_lag``
-    records behind the owner's stays with its owner, which serves it meanwhile, instead of
-    going to a node that would answer 503 while it replays. Up to ``max_warmup_replicas``
+    the last generation and serves it) to a member whose copy is more than
+    ``acceptable_recovery_lag`` records behind the owner's, and has not caught up by its
+    own reading, stays with its owner, which serves it meanwhile, instead of going to a
+    node that would answer 503 while it replays. Up to ``max_warmup_replicas``
     of those, across the group, become warm-ups of the members the plan chose: the
     returned partitions per member; the rest wait for a later plan. Partitions whose owner
     left, and those going to a member that can keep no copy (a worker without a URL, a
-    process sharing its data directory), move at once, as before."""
+    process sharing its data directory, a node from before warm-ups), move at once."""
     warmups: dict[str, set[int]] = {m: set() for m in claims}
     budget = max((c.max_warmup_replicas for c in claims.values()), default=0)
     if budget == 0:
@@ -188,9 +189,12 @@ def hold_cold_moves(
             owner = source.get(partition)
             if owner is None or owner == member:
                 continue
-            if not (claims[member].url and claims[member].holds_standbys):
+            target = claims[member]
+            if not (target.url and target.holds_standbys and target.warms_up):
                 continue  # it can keep no copy to warm up: it replays after taking over
-            behind = claims[owner].warm.get(partition, -1) - claims[member].warm.get(partition, -1)
+            if partition not in claims[owner].serving or partition in target.caught_up:
+                continue  # its owner is replaying it too, or the copy has caught up
+            behind = claims[owner].warm.get(partition, -1) - target.warm.get(partition, -1)
             if behind <= lag:
                 continue
             owned[member].remove(partition)

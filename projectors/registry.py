@@ -24,6 +24,7 @@ from .stores.events import EventsModel
 from .stores.graph import GraphModel
 from .stores.history import HistoryModel
 from .stores.lexical import LexicalModel
+from .stores.sqlite_base import stored_offset_of
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ class ReadModelSpec:
     """The methods the query layer calls on this model."""
 
 
+SQLITE_FILES: dict[ModelName, str] = {
+    "graph": "graph.sqlite3",
+    "history": "history.sqlite3",
+    "events": "events.sqlite3",
+}
+"""The models kept in one SQLite file each (``<shard>/<name>/<file>``)."""
+
 _LIFECYCLE = LIFECYCLE_KINDS | {"owner_erased"}
 _HISTORY = CONTROL_KINDS | {"message"}
 
@@ -68,19 +76,19 @@ READ_MODELS: dict[ModelName, ReadModelSpec] = {
         ),
         ReadModelSpec(
             "graph",
-            lambda c: GraphModel(c.directory / "graph.sqlite3"),
+            lambda c: GraphModel(c.directory / SQLITE_FILES["graph"]),
             frozenset({"message"}) | _LIFECYCLE,
             ("search", "get_nodes", "node_state"),
         ),
         ReadModelSpec(
             "history",
-            lambda c: HistoryModel(c.directory / "history.sqlite3"),
+            lambda c: HistoryModel(c.directory / SQLITE_FILES["history"]),
             _HISTORY | {"owner_erased"},
             ("messages",),
         ),
         ReadModelSpec(
             "events",
-            lambda c: EventsModel(c.directory / "events.sqlite3", c.partition),
+            lambda c: EventsModel(c.directory / SQLITE_FILES["events"], c.partition),
             KINDS,
             ("get",),
         ),
@@ -88,6 +96,15 @@ READ_MODELS: dict[ModelName, ReadModelSpec] = {
 }
 
 MODEL_NAMES: tuple[ModelName, ...] = tuple(READ_MODELS)
+
+
+def stored_offset(shard_directory: Path) -> int:
+    """The offset a shard on disk has applied, as its SQLite models' tracking rows say (the
+    smallest), without opening it: a cheap estimate, since the vector and lexical models
+    commit the same batches beside them (``-1``: no such file)."""
+    return min(
+        stored_offset_of(shard_directory / name / file, name) for name, file in SQLITE_FILES.items()
+    )
 
 
 def read_model(name: str) -> ReadModelSpec:

@@ -50,7 +50,7 @@ from .embeddings.validation import Float32Vector, identity_of
 from .embeddings.vector_cache import VectorCache, content_hash, embed_with_cache
 from .erasure import Forgetting
 from .model import ModelName
-from .registry import MODEL_NAMES, read_models
+from .registry import MODEL_NAMES, read_models, stored_offset
 from .shard import RETIRED_SUFFIX, Shard, replace_model_directory, shard_directory
 from .standby import StandbyKeeper
 from .state_cleanup import DISCARDED_SUFFIX, StateCleaner
@@ -84,6 +84,9 @@ MAX_BATCH_FACTOR = 16
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
 PROBE_EVERY_S = 5.0
 """A node asks the group to plan again for its warm-up copies at most this often."""
+PROBE_MAX_S = 600.0
+"""The longest wait between probes for the same warm-ups (Kafka Streams probes every 10
+minutes)."""
 PROBE_AFTER_S = 30.0
 """Some warm-up copies caught up, others not: the ready ones wait this long after the map
 for the others before the node asks the group to plan again."""
@@ -230,6 +233,9 @@ class ProjectorRunner:
         """The map generation this node last asked the group to plan again in, and when."""
         self._map_at = 0.0
         """When the newest map arrived (monotonic)."""
+        self._probe_every_s = PROBE_EVERY_S
+        self._served_last: set[int] = set()
+        """The partitions this node served when the rebalance in progress revoked them."""
         self._standby_waits: dict[int, tuple[int, float]] = {}
         """Per standby partition: the first offset of the batch waiting for its owner's
         vectors, and since when it waits."""
@@ -262,7 +268,7 @@ class ProjectorRunner:
         await self._check_provider()
         if self.changelog is not None:
             await self.changelog.start()
-        self._held = {p: 0 for p in existing_shards(self._data_dir)}
+        self._held = stored_offsets(self._data_dir)
         membership = Membership(
             url=self.url,
             claim=self._claim,
@@ -405,6 +411,9 @@ class ProjectorRunner:
             secret_tag=self._claimed_secret_tag(),
             instance=self.instance,
             reaches_url=self._url_reached,
+            warms_up=True,
+            serving=sorted(self._served_last | {p for p in self.shards if self.serving(p)}),
+            caught_up=sorted(self.standbys.caught_up),
             max_warmup_replicas=self.settings.cluster.max_warmup_replicas,
             acceptable_recovery_lag=self.settings.cluster.acceptable_recovery_lag,
         )
@@ -440,9 +449,17 @@ class ProjectorRunner:
         self._owned_last = set(mine.partitions) if mine is not None else set(self.shards)
         if mine is not None:
             self.standbys.want(set(mine.standbys) | set(mine.warmups), set(mine.partitions))
-        self._warmups = set(mine.warmups) if mine is not None else set()
-        self.metrics.cluster_partitions.labels("standby").set(len(mine.standbys) if mine else 0)
-        self.metrics.cluster_partitions.labels("warmup").set(len(self._warmups))
+        warmups = set(mine.warmups) if mine is not None else set()
+        if warmups & self._warmups and self._probed[0] >= 0:
+            # The plan after this node's probe kept them: the owner's copy ran ahead while
+            # the group rebalanced (writes). Back off, as Kafka Streams' probing timer would.
+            self._probe_every_s = min(PROBE_MAX_S, 2 * self._probe_every_s)
+        elif not warmups & self._warmups:
+            self._probe_every_s = PROBE_EVERY_S
+        self._warmups = warmups
+        standbys = len(set(mine.standbys) - warmups) if mine else 0
+        self.metrics.cluster_partitions.labels("standby").set(standbys)
+        self.metrics.cluster_partitions.labels("warmup").set(len(warmups))
         _log.info(
             "cluster generation %d: %s",
             cluster_map.generation,
@@ -453,7 +470,8 @@ class ProjectorRunner:
     def _probe_when_warm(self) -> None:
         """Ask the group to plan again when this node's warm-up copies have caught up (all
         of them, or some and the map is ``PROBE_AFTER_S`` old), once per map generation
-        and at most every ``PROBE_EVERY_S``: the leader then hands the caught-up
+        and at most every ``PROBE_EVERY_S`` (doubled, up to ``PROBE_MAX_S``, each time a
+        plan keeps the same warm-ups after a probe): the leader then hands the caught-up
         partitions over (Kafka Streams probes on a timer; a node that knows its copies
         are ready need not wait for one)."""
         cluster_map, consumer = self.cluster_map, self._consumer
@@ -462,7 +480,7 @@ class ProjectorRunner:
             return
         now = time.monotonic()
         generation, probed_at = self._probed
-        if generation == cluster_map.generation or now - probed_at < PROBE_EVERY_S:
+        if generation == cluster_map.generation or now - probed_at < self._probe_every_s:
             return
         if ready != self._warmups and now - self._map_at < PROBE_AFTER_S:
             return
@@ -534,6 +552,7 @@ class ProjectorRunner:
             self._consumer.seek(partition, applied + 1)
             self._targets[partition] = ends.get(partition, 0)
         self._owned_last = set(self.shards)
+        self._served_last = set()
         self.metrics.cluster_partitions.labels("owner").set(len(self.shards))
         self._assigned.set()
         self._note_served()
@@ -633,6 +652,8 @@ class ProjectorRunner:
         plan gives most of them back, so their shards stay open (parked, not served nor
         applied) until the assignment says which to close."""
         _log.info("revoked partitions %s", sorted(partitions))
+        # The claim of the join that follows says which partitions this node was serving.
+        self._served_last = {p for p in partitions if self.serving(p)}
         async with self._apply_lock:
             for partition in partitions:
                 async with self._partition_lock(partition):  # waits out a rebuild's swap
@@ -1258,6 +1279,17 @@ class ProjectorRunner:
 
         await shard.run(_swap_models)
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def stored_offsets(data_dir: Path) -> dict[int, int]:
+    """The offset each shard on disk has applied, from its SQLite models' tracking rows
+    (the smallest; -1 where one is missing), without opening the shards: a node that
+    restarts claims its copies as they are, not as empty (the group then held the
+    partitions it had kept up to date with whoever took them meanwhile)."""
+    return {
+        partition: stored_offset(data_dir / "shards" / f"p{partition}")
+        for partition in existing_shards(data_dir)
+    }
 
 
 def existing_shards(data_dir: Path) -> list[int]:

@@ -104,14 +104,15 @@ class StandbyKeeper:
                 for partition in list(self.shards):
                     applied += await self._step(partition)
                 self.failure = None
-                self._after_pass()
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # the owners still serve; the copies fall behind
                 self.failure = error
                 _log.exception("standby replicas failed; trying again in %.0fs", RETRY_S)
+                self._after_pass()  # the copies that did catch up are still ready
                 await asyncio.sleep(RETRY_S)
                 continue
+            self._after_pass()
             if not applied:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):

@@ -45,7 +45,7 @@ REFUSAL_LOG_EVERY_S = 60.0
 """A hop refused for the cluster secret is logged at most this often per peer."""
 
 
-def _repeatable(method: str, target: str) -> bool:
+def is_repeatable(method: str, target: str) -> bool:
     """Whether sending the request twice is harmless (reads, and waits)."""
     path = target.partition("?")[0]
     return method == "GET" or path in ("/v1/retrieve", "/v1/cluster/wait")
@@ -300,7 +300,7 @@ class ClusterRouter:
         at once, and its answer is awaited as long as the owner may take to give it (its
         wait for the partition, the append, the wait for the write to be applied)."""
         loop = asyncio.get_running_loop()
-        repeatable = _repeatable(method, target)
+        repeatable = is_repeatable(method, target)
         consistency_s = self.settings.query.consistency_timeout_s
         answer_s = 0.0 if repeatable else 2 * consistency_s + self.settings.log.request_timeout_s
         deadline = loop.time() + timeout_s

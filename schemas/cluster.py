@@ -103,6 +103,16 @@ class MemberClaim(msgspec.Struct, frozen=True, kw_only=True):
     reaches_url: bool = False
     """A request to its URL was seen to reach it when it started: of members advertising
     one URL, the group keeps one that it reaches."""
+    warms_up: bool = False
+    """It asks for a new plan when its warm-ups catch up (a node from before warm-ups
+    would never ask: the group holds no partition for one)."""
+    serving: list[int] = []
+    """The partitions it owns and serves (caught up): a partition whose owner is still
+    replaying it is not held for it."""
+    caught_up: list[int] = []
+    """Its standbys (warm-ups included) whose last read reached the log's end: the leader
+    moves a warm-up that says so, however far the owner's claim, taken a moment later
+    under writes, has moved on."""
     max_warmup_replicas: int = 0
     """``cluster.max_warmup_replicas``: the group keeps the most any member asks for."""
     acceptable_recovery_lag: int = 0

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prme.query.cluster import _repeatable
+from prme.query.cluster import is_repeatable
 from prme.query.forwarding import _read_body
 from prme.query.http_client import ClusterRoutes
 from prme.query.serve import advertised_url
@@ -59,11 +59,11 @@ def test_the_client_leaves_an_unreachable_owner_for_a_seed_that_forwards() -> No
 
 
 def test_only_reads_and_waits_are_resent_after_a_broken_connection() -> None:
-    assert _repeatable("GET", "/v1/history?user_id=a")
-    assert _repeatable("POST", "/v1/retrieve")
-    assert _repeatable("POST", "/v1/cluster/wait")
-    assert not _repeatable("DELETE", "/v1/history/messages/e1?user_id=a")
-    assert not _repeatable("POST", "/v1/nodes/mem:1/archive")
+    assert is_repeatable("GET", "/v1/history?user_id=a")
+    assert is_repeatable("POST", "/v1/retrieve")
+    assert is_repeatable("POST", "/v1/cluster/wait")
+    assert not is_repeatable("DELETE", "/v1/history/messages/e1?user_id=a")
+    assert not is_repeatable("POST", "/v1/nodes/mem:1/archive")
 
 
 def _free_port_below_a_taken_one() -> tuple[int, socket.socket]:
@@ -207,6 +207,7 @@ class _MovingRouter:
         self.url = "http://here:1"
         self.here = True
         self.forwarded: list[str] = []
+        self.ran = 0
         self.runner = self
 
     async def wait_serving(self, partition: int, timeout_s: float) -> bool:
@@ -228,13 +229,16 @@ class _MovingRouter:
         return httpx.Response(200, json=["from the new owner"])
 
 
-async def _moved_mid_read(hop: bool) -> tuple[int, bytes, dict[str, str], _MovingRouter]:
+async def _moved_mid_read(
+    hop: bool, method: str = "GET", path: str = "/v1/history"
+) -> tuple[int, bytes, dict[str, str], _MovingRouter]:
     from prme.query.auth import ApiKeys
     from prme.query.forwarding import ForwardingMiddleware
 
     router = _MovingRouter()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
+        router.ran += 1
         router.here = False  # revoked while the request was on its way to the shard
         body = b'{"error":"shard_unavailable","detail":"not projected here"}'
         await send({"type": "http.response.start", "status": 503, "headers": []})
@@ -246,9 +250,9 @@ async def _moved_mid_read(hop: bool) -> tuple[int, bytes, dict[str, str], _Movin
         headers.append((b"x-prme-forwarded-caller", b"alice"))
     scope = {
         "type": "http",
-        "method": "GET",
-        "path": "/v1/history",
-        "raw_path": b"/v1/history",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": b"user_id=alice",
         "headers": headers,
     }
@@ -279,3 +283,42 @@ async def test_a_forwarded_read_whose_partition_moves_meanwhile_is_refused_as_no
     # relayed to the client).
     status, _, headers, _ = await _moved_mid_read(hop=True)
     assert status == 503 and headers.get("x-prme-not-owner") == "1"
+
+
+async def test_a_write_that_reads_first_is_not_run_twice_when_its_partition_moves() -> None:
+    # Found by a review: a delete appends before it waits, so a second run on the new
+    # owner appended it twice; its 503 (which names the written token) is relayed.
+    for hop in (False, True):
+        status, body, headers, router = await _moved_mid_read(
+            hop, "DELETE", "/v1/history/messages/m1"
+        )
+        assert (status, router.ran, router.forwarded) == (503, 1, [])
+        assert b"shard_unavailable" in body and "x-prme-not-owner" not in headers
+
+
+async def test_a_restarted_node_claims_its_shards_as_far_as_they_were_applied(
+    local_settings: Settings,
+) -> None:
+    """Found by a review: a node claimed 0 for every shard on disk until it opened them, so
+    the group held its up-to-date partitions with a node that took them meanwhile."""
+    from prme.producers.factory import open_transport
+    from prme.producers.producer import MessageDraft, Producer
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+    from prme.projectors.runner import ProjectorRunner, stored_offsets
+
+    settings = local_settings.replace(log={"partitions": 3})
+    transport = open_transport(settings)
+    await transport.start()
+    runner = ProjectorRunner(settings, transport, HashedBagOfWordsProvider())
+    try:
+        producer = Producer(transport)
+        drafts = [MessageDraft(owner=f"o{i}", content=f"note {i}") for i in range(40)]
+        await producer.append_records([producer.build_message(d) for d in drafts])
+        await runner.start()
+        await runner.catch_up(timeout_s=60)
+        applied = {p: shard.applied_offset() for p, shard in runner.shards.items()}
+    finally:
+        await runner.close()
+        await transport.close()
+    assert sorted(applied) == [0, 1, 2] and all(offset > 0 for offset in applied.values())
+    assert stored_offsets(Path(settings.data_dir)) == applied

@@ -67,6 +67,21 @@ def read_offset(connection: sqlite3.Connection | sqlite3.Cursor, model: str) -> 
     return -1 if row is None else int(row[0])
 
 
+def stored_offset_of(path: Path, model: str) -> int:
+    """The offset ``model`` stored in the SQLite file at ``path``, read without opening
+    the model (``-1`` when the file or its row is missing or unreadable)."""
+    if not path.is_file():
+        return -1
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+        try:
+            return read_offset(connection, model)
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return -1
+
+
 def write_offset(cursor: sqlite3.Cursor, model: str, offset: int) -> None:
     """Store ``offset`` for ``model`` (inside the caller's transaction)."""
     cursor.execute(
