@@ -568,14 +568,18 @@ def _status(args: argparse.Namespace) -> int:
         print(response.text)
     else:
         print(render_status(status))
-    # A member the group refused is a misconfigured cluster, and a projector that stopped
-    # (its node left the group) a broken node: a health check should say so.
+    # A member the group refused is a misconfigured cluster, a projector that stopped (its
+    # node left the group) a broken node, and a partition without a live owner serving it
+    # (a node killed, a rebalance, a restore) a cluster that does not answer every owner:
+    # a health check should say so. (A service from before ``cluster`` cannot tell.)
+    cluster = status.get("cluster")
     failing = (
         status.get("refused")
         or status.get("duplicates")
         or status.get("other_topic")
         or status.get("failure")
         or status.get("log_unavailable")  # (as /v1/ready: 503 then)
+        or (cluster is not None and not cluster.get("healthy"))
     )
     return 1 if failing else 0
 
@@ -589,6 +593,12 @@ def render_status(status: dict[str, Any]) -> str:
         age = status.get("log_end_age_s")
         known = "never read" if age is None else f"as read {age:.0f}s ago"
         lines.append(f"LOG UNAVAILABLE: {unavailable}; log ends and lag below are {known}")
+    cluster = status.get("cluster")
+    if cluster is not None:
+        lines += [f"DEGRADED: {problem}" for problem in cluster.get("problems") or []]
+        if cluster.get("healthy"):
+            served = len(cluster.get("partitions") or [])
+            lines.append(f"cluster: all {served} partitions have a live owner serving them")
     lines += [
         f"transport {status['transport']}  group {status['group']}  "
         f"lag {status['lag_records']} records  dead letters {status['dead_letters']}",
@@ -762,9 +772,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="what a running service projects: partitions, offsets, lag, sizes, group",
         description="Ask a running `prme serve` (GET /v1/status) which partitions it projects, "
         "each one's log end, applied offset, lag and size on disk, its dead letters, its "
-        "embedding identity and, on Kafka, the consumer group's members. Exits 1 when no "
-        "service answers, the group refused a node (REFUSED lines) or the node's projector "
-        "stopped (a FAILED line).",
+        "embedding identity and, on Kafka, the consumer group's members; and whether every "
+        "partition of the topic has a live owner serving it. Exit status 0: healthy; 1: no "
+        "service answers, a partition lacks a live, caught-up owner (DEGRADED lines: "
+        "unowned, an owner that does not answer, a rebalance, a restore), the group refused "
+        "a node (REFUSED lines), the log does not answer (LOG UNAVAILABLE) or the node's "
+        "projector stopped (a FAILED line).",
     )
     status.add_argument("--json", action="store_true", help="print the JSON document")
     status.add_argument(

@@ -25,7 +25,7 @@ from prme.schemas.errors import ConfigurationError, TransportError
 from .kafka_batches import RECORD_BATCH_BYTES, enqueue_batches
 from .kafka_common import bounded, entry_of, reading, standalone_reader, stop_quietly
 from .kafka_consumer import KafkaLogConsumer
-from .kafka_group import GroupMember, describe_group
+from .kafka_group import GroupDescription, describe_group
 from .kafka_membership import read_cluster_map
 from .kafka_topics import RETENTION_FOREVER, Replication, cluster_replication, create_topic
 from .partitioner import Partitioner
@@ -546,9 +546,9 @@ class KafkaLogTransport:
                 return ends
             await asyncio.sleep(_OWN_WRITES_POLL_S)
 
-    async def group_members(self, group: str) -> list[GroupMember]:
-        """The members of consumer group ``group`` and the partitions of this topic each
-        holds, as the group coordinator describes them."""
+    async def describe_group(self, group: str) -> GroupDescription:
+        """Consumer group ``group``'s state, and its members with the partitions of this
+        topic each holds, as the group coordinator describes them."""
         if self._admin is None:
             raise TransportError("kafka transport is not started")
         return await describe_group(self._admin, self._topic, group, self._timeout_s)

@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -136,6 +136,35 @@ class EmbeddingStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Partitions whose vector model was built by another identity (rebuild them)."""
 
 
+PartitionState = Literal[
+    "serving", "not_serving", "unreachable", "unowned", "rebalancing", "worker", "unknown"
+]
+
+
+class PartitionHealth(msgspec.Struct, frozen=True, kw_only=True):
+    partition: int
+    state: PartitionState
+    """``serving``: its owner answers and has caught up (the only healthy state);
+    ``not_serving``: its owner answers but is still restoring it (or has not taken it up);
+    ``unreachable``: its owner does not answer (killed: the group moves the partition once
+    the owner's session timeout passes); ``unowned``: no member holds it; ``rebalancing``:
+    the group is handing partitions out; ``worker``: a member that serves no requests (a
+    ``prme project`` worker) holds it; ``unknown``: the group's description did not
+    answer."""
+    owner: str | None = None
+    """The URL of the node that holds it ("": a worker; None: nobody, or unknown)."""
+
+
+class ClusterHealth(msgspec.Struct, frozen=True, kw_only=True):
+    healthy: bool
+    """Every partition of the topic has a live owner that serves it (``prme status``
+    exits 0 only then)."""
+    partitions: list[PartitionHealth]
+    problems: list[str] = []
+    """One line per reason it is not healthy (``prme status`` prints each after
+    ``DEGRADED:``)."""
+
+
 class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """What ``prme status`` shows: this process's partitions and the group around it."""
 
@@ -147,6 +176,10 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     embedding: EmbeddingStatus
     group_members: list[Any] | None = None
     """On Kafka, every member of the consumer group and the partitions it holds."""
+    group_state: str | None = None
+    """On Kafka, the group's state as its coordinator describes it (``Stable``, or
+    ``PreparingRebalance`` / ``CompletingRebalance`` while it rebalances); None on the
+    embedded log, or when the group's description did not answer."""
     refused: list[str] = []
     """Nodes the group gave nothing because their cluster secret is not the others'."""
     duplicates: list[str] = []
@@ -161,6 +194,9 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Why the log did not answer this status (log ends and lag are then the last known)."""
     log_end_age_s: float | None = 0.0
     """Seconds since the log ends shown were read (None: never)."""
+    cluster: ClusterHealth | None = None
+    """Whether every partition of the topic has a live owner serving it: filled by the
+    service (``query/cluster_health.py``), which asks the other owners."""
 
 
 async def node_status(runner: ProjectorRunner) -> NodeStatus:
@@ -171,15 +207,13 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
     partitions = await partition_statuses(
         runner, sizes=True, ends=ends, timeout_s=max(0.0, deadline - loop.time())
     )
-    describe = getattr(runner.transport, "group_members", None)
-    members = None
+    describe = getattr(runner.transport, "describe_group", None)
+    group = None
     if describe is not None and ends.unavailable is None:
         try:
-            members = await asyncio.wait_for(
-                describe(runner.group), max(0.1, deadline - loop.time())
-            )
+            group = await asyncio.wait_for(describe(runner.group), max(0.1, deadline - loop.time()))
         except Exception:  # the group's coordinator did not answer in time: left out
-            members = None
+            group = None
     identity = runner.identity
     return NodeStatus(
         transport=transport_label(runner.transport),
@@ -195,7 +229,8 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
                 p for p, shard in runner.shards.items() if shard.vector_mismatch
             ),
         ),
-        group_members=members,
+        group_members=None if group is None else group.members,
+        group_state=None if group is None else group.state,
         refused=[] if runner.cluster_map is None else list(runner.cluster_map.refused),
         duplicates=[]
         if runner.cluster_map is None

@@ -355,6 +355,11 @@ class ClusterRouter:
                 )
             await self._await_change(deadline - loop.time())
 
+    async def peer_view(self, url: str, timeout_s: float) -> httpx.Response:
+        """``GET /v1/cluster`` of the node at ``url`` (what it owns and serves), for a
+        status; no secret is sent: the route needs none."""
+        return await self._http.get(url.rstrip("/") + "/v1/cluster", timeout=timeout_s)
+
     async def wait_applied(self, partition: int, offset: int, timeout_s: float) -> None:
         """Read-your-writes across nodes: wait until ``partition``'s owner, wherever it is,
         has applied ``offset``."""

@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+import msgspec
 from litestar import Response, get
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,6 +28,7 @@ from prme.projectors.status import (
 )
 from prme.schemas.metrics import CONTENT_TYPE, Metrics
 
+from .cluster_health import cluster_health
 from .engine import MemoryEngine
 
 access_log = logging.getLogger("prme.http")
@@ -122,7 +124,13 @@ async def metrics_endpoint(engine: NamedDependency[MemoryEngine]) -> Response[by
     return Response(metrics.render(), media_type=CONTENT_TYPE)
 
 
-@get("/v1/status", summary="This process: partitions, offsets, lag, sizes, group", tags=["service"])
+@get(
+    "/v1/status",
+    summary="This process: partitions, offsets, lag, sizes, group; the cluster's health",
+    tags=["service"],
+)
 async def status_endpoint(engine: NamedDependency[MemoryEngine]) -> NodeStatus:
     """What ``prme status`` prints (no owner data: partitions, offsets and sizes only)."""
-    return await node_status(engine.runner)
+    status = await node_status(engine.runner)
+    health = await cluster_health(engine, status)
+    return msgspec.structs.replace(status, cluster=health)

@@ -97,9 +97,9 @@ class Node:
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         return httpx.get(self.url + path, headers=ADMIN, timeout=30, **kwargs)
 
-    def status(self) -> subprocess.CompletedProcess[str]:
-        """``prme status`` of this node, with the admin key."""
-        command = [sys.executable, "-m", "prme.cli", "status", "--url", self.url]
+    def status(self, *options: str) -> subprocess.CompletedProcess[str]:
+        """``prme status [options]`` of this node, with the admin key."""
+        command = [sys.executable, "-m", "prme.cli", "status", *options, "--url", self.url]
         return subprocess.run(
             [*command, "--api-key", ADMIN_KEY], capture_output=True, text=True, timeout=60
         )

@@ -5,6 +5,7 @@ straight to the owner, the cluster secret, and the data-directory lock."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -803,3 +804,45 @@ def test_a_write_for_a_crashed_owner_is_appended_at_once_by_the_node_it_reaches(
         took = time.monotonic() - started
         assert written.status_code == 201, written.text
         assert took < 5.0, took  # 10 s before
+
+
+def test_status_exits_1_until_a_killed_nodes_partitions_have_a_live_owner_again(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """From an operator trial on 3 nodes: after one node was killed with kill -9, its
+    partitions had no live owner until the group's session timeout passed and a rebalance
+    handed them out, yet `prme status` printed the state and exited 0, so a health script
+    saw a healthy cluster. It now exits 1, saying which partitions lack a live, caught-up
+    owner and why, and 0 again once the survivors serve every partition."""
+    topic = f"degraded-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")  # session timeout 10 s
+    nodes = [Node(tmp_path, f"node{i}", env) for i in range(3)]
+    with running(nodes):
+        wait_ready(nodes)
+        view = wait_split(nodes, PARTITIONS)
+        healthy = nodes[0].status()
+        assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+        victim, survivors = nodes[2], nodes[:2]
+        lost = next(m["partitions"] for m in view["members"] if m["url"] == victim.url)
+        victim.kill()
+        killed_at = time.monotonic()
+        degraded = survivors[0].status()
+        assert degraded.returncode == 1, degraded.stdout + degraded.stderr
+        if time.monotonic() - killed_at < 8:  # well inside the session timeout
+            assert f"partitions {lost}: their owner {victim.url} does not answer" in (
+                degraded.stdout
+            ), degraded.stdout
+        as_json = json.loads(survivors[1].status("--json").stdout)
+        assert as_json["cluster"]["healthy"] is False
+        assert {p["partition"] for p in as_json["cluster"]["partitions"]} == set(range(PARTITIONS))
+        # Until the group has moved the partitions and their new owners serve them: 1, with
+        # a line saying why; then 0.
+        deadline = time.monotonic() + 120
+        while True:
+            again = survivors[1].status()
+            if again.returncode == 0:
+                break
+            assert again.returncode == 1 and "DEGRADED" in again.stdout, again.stdout
+            assert time.monotonic() < deadline, again.stdout + survivors[1].log()
+            time.sleep(0.5)  # poll interval while the group moves the partitions
+        assert "DEGRADED" not in again.stdout and victim.url not in again.stdout

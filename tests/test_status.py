@@ -132,3 +132,58 @@ def test_sizes_count_the_blocks_a_sparse_file_takes_not_its_length(tmp_path: Any
         handle.write(b"x" * 4096)
     sizes = model_sizes(tmp_path / "shard")
     assert 4096 <= sizes["vector"] < 1024 * 1024
+
+
+def test_cluster_health_names_every_partition_without_a_live_caught_up_owner() -> None:
+    """`prme status` exits on this (an operator trial: it exited 0 during a rebalance and
+    while a killed node still held its partitions)."""
+    from prme.query.cluster_health import PeerView, assess
+
+    a, b, c = "http://a", "http://b", "http://c"
+    owners = {0: a, 1: a, 2: b, 3: b, 4: c, 5: ""}
+    views: dict[str, PeerView | str] = {
+        a: PeerView(owned=[0, 1], serving=[0, 1]),
+        b: PeerView(owned=[2, 3], serving=[2]),  # restoring 3
+        c: "ConnectError: connection refused",  # killed: still in the group
+    }
+    health = assess(7, owners, views, group_state="Stable", session_timeout_s=10)
+    states = {h.partition: (h.state, h.owner) for h in health.partitions}
+    assert states == {
+        0: ("serving", a),
+        1: ("serving", a),
+        2: ("serving", b),
+        3: ("not_serving", b),
+        4: ("unreachable", c),
+        5: ("worker", ""),
+        6: ("unowned", None),
+    }
+    assert not health.healthy
+    assert health.problems == [
+        "partitions [6] have no owner in the group",
+        "partitions [5] are held by a member that serves no requests (a `prme project` "
+        "worker): run workers in a group of their own",
+        "partitions [3]: their owner http://b does not serve them yet (restoring them, or "
+        "taking them over)",
+        "partitions [4]: their owner http://c does not answer (ConnectError: connection "
+        "refused); the group moves them once the node has been silent for its session "
+        "timeout (cluster.session_timeout_s: 10 s on this node)",
+    ]
+    settled = {a: PeerView(owned=[0, 1, 2], serving=[0, 1, 2])}
+    healthy = assess(3, dict.fromkeys(range(3), a), settled, session_timeout_s=10)
+    assert healthy.healthy and healthy.problems == []
+    for state in ("PreparingRebalance", "CompletingRebalance"):
+        moving = assess(3, {}, settled, group_state=state, session_timeout_s=10)
+        assert {h.state for h in moving.partitions} == {"rebalancing"}
+        assert moving.problems == [
+            f"the group is rebalancing ({state}): partitions [0, 1, 2] have no settled "
+            "owner until it completes"
+        ]
+    split = assess(2, {0: a, 1: c}, {**settled, c: "no answer within 2s"})  # embedded
+    assert split.problems == [
+        "partitions [1]: their owner http://c does not answer (no answer within 2s); its "
+        "`prme serve --processes` parent starts a member that exits again"
+    ]
+    unknown = assess(2, None, settled, session_timeout_s=10)
+    assert not unknown.healthy and {h.state for h in unknown.partitions} == {"unknown"}
+    empty = assess(2, {}, {}, group_state="Empty", session_timeout_s=10)
+    assert empty.problems == ["partitions [0, 1] have no owner in the group"]

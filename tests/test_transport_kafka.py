@@ -288,6 +288,11 @@ async def test_group_members_split_partitions_and_revoke_on_rebalance(
         assert not assigned["a"] & assigned["b"]
         assert revoked["a"] and revoked["a"][0] == set(range(PARTITIONS))
         assert first.assignment() == assigned["a"]
+        # The coordinator's description: settled (`prme status` reads a rebalance from it).
+        described = await transport.describe_group(group)
+        assert described.state == "Stable"
+        held = sorted(p for member in described.members for p in member.partitions)
+        assert held == list(range(PARTITIONS))
     finally:
         stop.set()
         await poller
