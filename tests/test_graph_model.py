@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -259,3 +260,121 @@ def test_match_entities_finds_known_names_in_lower_case_text(graph: GraphModel) 
     ]
     assert graph.match_entities("alice", "rome") == []
     assert graph.match_entities("alice", "") == []
+
+
+def test_ids_of_parts_without_a_colon_or_backslash_are_unchanged() -> None:
+    """Packs written before ids escaped their parts keep their ids (and digests)."""
+    assert entity_node_id("alice", "New  York") == "ent:alice:new york"
+    assert session_node_id("alice", "default", "s1") == "ses:alice:default:s1"
+
+
+def test_a_colon_in_an_owner_or_name_never_joins_another_owners_entity(
+    graph: GraphModel,
+) -> None:
+    """Entity ids were ``ent:<owner>:<name>``: owner ``acme`` naming "alice:report" and
+    owner ``acme:alice`` naming "report" (one partition) shared one node. The one who wrote
+    second lost the entity from its own searches, the other's writes changed the first's
+    graph scores (which a retrieve's receipt shows), and erasing one deleted the other's
+    entity."""
+    graph.apply(projected([msg("e1", 'Filed "alice:report"', owner="acme"), msg("e2", "x")]))
+    before = graph.search("acme", None, ["alice:report"], 10)
+    assert [h.node_id for h in before] == ["mem:e1"]
+    graph.apply(projected([msg("e3", 'Filed the "report"', owner="acme:alice")], start=2))
+    assert graph.search("acme", None, ["alice:report"], 10) == before
+    assert [h.node_id for h in graph.search("acme:alice", None, ["report"], 10)] == ["mem:e3"]
+    assert graph.match_entities("acme:alice", "where is the report") == ["report"]
+    assert entity_node_id("acme", "alice:report") != entity_node_id("acme:alice", "report")
+    graph.apply(projected([erased("x1", owner="acme")], start=3))
+    assert [h.node_id for h in graph.search("acme:alice", None, ["report"], 10)] == ["mem:e3"]
+    assert graph.match_entities("acme:alice", "the report") == ["report"]
+
+
+def test_a_colon_in_an_owner_scope_or_session_never_joins_another_session(
+    graph: GraphModel,
+) -> None:
+    graph.apply(
+        projected(
+            [
+                msg("e1", "one", owner="acme:alice", scope="default", session="s1"),
+                msg("e2", "two", owner="acme", scope="alice", session="default:s1"),
+                msg("e3", "three", owner="acme", scope="alice:default", session="s1"),
+            ]
+        )
+    )
+    sessions = {
+        node_id: edge.dst
+        for node_id, owner in (("mem:e1", "acme:alice"), ("mem:e2", "acme"), ("mem:e3", "acme"))
+        for edge in graph.edges_of(owner, node_id)
+        if edge.kind == "part_of"
+    }
+    assert len(set(sessions.values())) == 3, sessions
+    assert sessions["mem:e1"] == session_node_id("acme:alice", "default", "s1")
+    assert sessions["mem:e2"] == session_node_id("acme", "alice", "default:s1")
+
+
+def _old_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ids a graph wrote before ``GRAPH_FORMAT``: parts joined by ':' as they were."""
+    from prme.projectors.entities import normalise_entity
+    from prme.projectors.stores import graph as module
+
+    monkeypatch.setattr(
+        module, "entity_node_id", lambda owner, name: f"ent:{owner}:{normalise_entity(name)}"
+    )
+    monkeypatch.setattr(
+        module, "session_node_id", lambda owner, scope, session: f"ses:{owner}:{scope}:{session}"
+    )
+
+
+def _written_before_the_format(path: Path, batches: list[list[AnyRecord]]) -> str:
+    """A graph file as the code before ``GRAPH_FORMAT`` left it; its digest."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _old_ids(monkeypatch)
+        with GraphModel(path) as old:
+            start = 0
+            for batch in batches:
+                old.apply(projected(batch, start=start))
+                start += len(batch)
+            digest = old.digest()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 0")
+    db.close()
+    return digest
+
+
+def test_a_graph_written_before_ids_were_escaped_is_rekeyed_as_a_replay_would_build_it(
+    tmp_path: Path,
+) -> None:
+    batches: list[list[AnyRecord]] = [
+        [
+            msg("e1", 'Filed "alice:report" with Caroline', owner="acme"),
+            msg("e2", 'Filed the "report" with Caroline', owner="acme:alice"),
+            msg("e3", "Rome trip", owner="acme", scope="alice", session="default:s1"),
+            msg("e4", "Rome again", owner="acme:alice", scope="default", session="s1"),
+            msg("e5", 'A "back\\slash" in Oslo', owner="b\\ob", session="x\\:y"),
+            msg("e6", "Caroline lives in Berlin"),
+        ],
+        [erased("x1", owner="acme")],  # left acme:alice's edges to acme's nodes dangling
+        [msg("e7", 'The "report" is due', owner="acme:alice")],
+    ]
+    old_path = tmp_path / "old.sqlite"
+    _written_before_the_format(old_path, batches)
+    fresh_path = tmp_path / "fresh.sqlite"
+    with GraphModel(fresh_path) as fresh:
+        fresh.apply(projected([r for batch in batches for r in batch]))
+        expected = fresh.digest()
+    with GraphModel(old_path) as reopened:
+        assert reopened.digest() == expected
+        assert reopened.applied_offset() == 7
+        hits = reopened.search("acme:alice", None, ["report"], 10)
+        assert {"mem:e2", "mem:e7"} <= {h.node_id for h in hits}
+    with GraphModel(old_path) as again:  # once: the file now says its format
+        assert again.digest() == expected
+
+
+def test_a_graph_whose_ids_need_no_escaping_is_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "graph.sqlite"
+    before = _written_before_the_format(
+        path, [[msg("e1", "Caroline moved to Berlin"), msg("e2", "Rome", owner="bob")]]
+    )
+    with GraphModel(path) as reopened:
+        assert reopened.digest() == before

@@ -4,7 +4,10 @@ per shard.
 A ``message`` record with a derived node adds the memory node, a ``derived_from`` edge to
 its event, ``mentions`` edges to entity nodes (``ent:<owner>:<name>``), a ``part_of``
 edge to its session node (``ses:<owner>:<scope>:<session>``) and a ``next`` edge from the
-session's previous memory node. Lifecycle records change a memory node's state;
+session's previous memory node. Each part of those ids has its ``\\`` and ``:`` escaped
+(``\\\\``, ``\\:``), so no two (owner, name) or (owner, scope, session) share an id: an
+owner ``acme`` naming "alice:report" and an owner ``acme:alice`` naming "report" shared one
+node before (``GRAPH_FORMAT``). Lifecycle records change a memory node's state;
 ``owner_erased`` deletes the owner's nodes and edges; control records change nothing.
 
 ``search`` scores memory nodes within two hops of the query's entities:
@@ -43,7 +46,7 @@ from prme.schemas.records import (
 
 from ..entities import normalise_entity
 from ..model import MemoryNode, NodeState, ProjectedRecord
-from .sqlite_base import SqliteModel, rows_in, runs
+from .sqlite_base import SqliteModel, rows_in, runs, transaction
 
 EdgeKind = Literal["derived_from", "mentions", "part_of", "supersedes", "next"]
 HOP_DECAY = 0.5
@@ -71,12 +74,26 @@ class GraphHit(msgspec.Struct, frozen=True):
     score: float
 
 
+GRAPH_FORMAT = 1
+"""``PRAGMA user_version`` of a graph file whose entity and session ids escape their parts
+(``id_part``). A file written before (0) is re-keyed when it is opened (``_rekey``)."""
+
+
+def id_part(text: str) -> str:
+    """One part of a composite node id, ``\\`` and ``:`` escaped (``\\\\``, ``\\:``): the
+    parts of an id can be told apart whatever they hold, and a part with neither is
+    unchanged (so are the ids, and the digests, of packs whose ids have neither)."""
+    if ":" not in text and "\\" not in text:
+        return text
+    return text.replace("\\", "\\\\").replace(":", "\\:")
+
+
 def entity_node_id(owner: str, name: str) -> str:
-    return f"ent:{owner}:{normalise_entity(name)}"
+    return f"ent:{id_part(owner)}:{id_part(normalise_entity(name))}"
 
 
 def session_node_id(owner: str, scope: str, session_id: str) -> str:
-    return f"ses:{owner}:{scope}:{session_id}"
+    return f"ses:{id_part(owner)}:{id_part(scope)}:{id_part(session_id)}"
 
 
 _SCHEMA = """
@@ -135,6 +152,11 @@ class GraphModel(SqliteModel):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
+        with self._lock:
+            if self._db.execute("PRAGMA user_version").fetchone()[0] < GRAPH_FORMAT:
+                with transaction(self._db) as cursor:
+                    _rekey(cursor)
+                    cursor.execute(f"PRAGMA user_version = {GRAPH_FORMAT}")
 
     def _apply_many(self, cursor: sqlite3.Cursor, items: list[ProjectedRecord]) -> None:
         for batched, run in runs(items, _adds_node):
@@ -510,6 +532,69 @@ def _supersede(cursor: sqlite3.Cursor, record: NodeSuperseded) -> None:
     ).fetchone()[0]
     if found == 2 and record.node_id != record.by_node_id:
         _add_edge(cursor, record.by_node_id, record.node_id, "supersedes", record.owner)
+
+
+_OLD_FORMAT = "(instr({id}, '\\') > 0 OR length({id}) - length(replace({id}, ':', '')) != {colons})"
+"""An id an older graph wrote that is not what ``entity_node_id`` (2 colons) or
+``session_node_id`` (3) now make: a part held a ``:`` or a ``\\``."""
+
+
+def _rekey(cursor: sqlite3.Cursor) -> None:
+    """Give the entity and session nodes of a graph written before ``GRAPH_FORMAT`` their
+    escaped ids, as a replay of the log would: each edge to one is re-pointed from its own
+    owner and name (the rest of the old id after ``ent:<owner>:``) or its memory node's
+    scope and session, and the nodes are made again from the edges, with their degrees
+    counted anew (a node two owners shared becomes one per owner). Nodes whose parts hold
+    neither character, almost always all of them, are not touched."""
+    mentions = cursor.execute(
+        "SELECT src, dst, owner FROM edges WHERE kind = 'mentions' AND "
+        + _OLD_FORMAT.format(id="dst", colons=2)
+    ).fetchall()
+    sessions = cursor.execute(
+        "SELECT e.src, e.dst, e.owner, n.scope, n.session_id FROM edges e "
+        "JOIN nodes n ON n.node_id = e.src WHERE e.kind = 'part_of' AND "
+        + _OLD_FORMAT.format(id="e.dst", colons=3)
+    ).fetchall()
+    if not mentions and not sessions:
+        return
+    stale: list[tuple[str, str, str]] = []
+    edges: list[tuple[str, str, str, str]] = []
+    entities: dict[str, tuple[str, str]] = {}
+    for src, dst, owner in mentions:
+        name = dst.removeprefix(f"ent:{owner}:")  # the id was made from the edge's owner
+        entity_id = entity_node_id(owner, name)
+        entities[entity_id] = (owner, normalise_entity(name))
+        stale.append((src, dst, "mentions"))
+        edges.append((src, entity_id, "mentions", owner))
+    session_nodes: dict[str, tuple[str, str, str, str]] = {}
+    for src, dst, owner, scope, session in sessions:
+        session_id = session_node_id(owner, scope, session)
+        session_nodes[session_id] = (session_id, owner, scope, session)
+        stale.append((src, dst, "part_of"))
+        edges.append((src, session_id, "part_of", owner))
+    cursor.executemany("DELETE FROM edges WHERE src = ? AND dst = ? AND kind = ?", stale)
+    cursor.execute(
+        "DELETE FROM nodes WHERE (kind = 'entity' AND "
+        + _OLD_FORMAT.format(id="node_id", colons=2)
+        + ") OR (kind = 'session' AND "
+        + _OLD_FORMAT.format(id="node_id", colons=3)
+        + ")"
+    )
+    cursor.executemany(_INSERT_EDGE, edges)
+    cursor.executemany(
+        "INSERT OR REPLACE INTO nodes (node_id, owner, kind, text, degree) "
+        "VALUES (?, ?, 'entity', ?, "
+        "(SELECT COUNT(*) FROM edges WHERE dst = ? AND kind = 'mentions'))",
+        [(entity_id, owner, text, entity_id) for entity_id, (owner, text) in entities.items()],
+    )
+    cursor.executemany(
+        "INSERT OR REPLACE INTO nodes (node_id, owner, kind, scope, session_id, text) "
+        "VALUES (?, ?, 'session', ?, ?, ?)",
+        [
+            (sid, owner, scope, session, session)
+            for sid, owner, scope, session in session_nodes.values()
+        ],
+    )
 
 
 def _stored_node(row: tuple[Any, ...]) -> StoredNode:
