@@ -1,0 +1,218 @@
+"""A hop that breaks: a node forwarding a one-owner write to a loopback TCP server that
+stands in for the owner's node and misbehaves on purpose (closes without answering,
+answers half, drops a pooled connection as the next request arrives). The forwarding
+node is a real engine on the embedded log, split statically with the stand-in, behind
+the real app; only the client's side of it is in-process (ASGI)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.query.engine import MemoryEngine
+from prme.query.service import create_app
+from prme.schemas.config import Settings
+
+NODE_URL = "http://127.0.0.1:9"  # this node's URL in the map (the test reaches it in-process)
+SECRET = "hop-secret"
+
+
+@dataclass
+class Hop:
+    """One request the stand-in read whole, and the connection it came on."""
+
+    connection: int
+    request_line: bytes
+    headers: dict[bytes, bytes]
+    body: bytes
+
+
+Behaviour = Callable[[Hop, asyncio.StreamWriter], Awaitable[bool]]
+"""What the stand-in does with a request it read: writes (or not) and says whether the
+connection stays open for another request."""
+
+
+@dataclass
+class StandIn:
+    """The owner's node, as far as the hop can tell: a loopback HTTP/1.1 server that reads
+    each request whole and then does what ``behaviours`` says (one per request, in order;
+    the last one repeats)."""
+
+    behaviours: list[Behaviour]
+    hops: list[Hop] = field(default_factory=list)
+    connections: int = 0
+    dropped_on_arrival: int = 0
+    """Requests a pooled connection was closed on as they arrived (never read)."""
+    drop_next_on: set[int] = field(default_factory=set)
+    """Connections closed, unanswered and unread, as their next request arrives."""
+    reset: bool = False
+    """Drop with a reset (SO_LINGER 0), as a kernel does for a socket closed with data
+    unread, instead of a plain close."""
+    url: str = ""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        connection = self.connections
+        try:
+            while True:
+                first = await reader.read(1)  # the next request arrives
+                if not first:
+                    return  # the client closed the connection
+                if connection in self.drop_next_on:  # closed, unserved
+                    self.dropped_on_arrival += 1
+                    self._drop(writer)
+                    return
+                hop = await _read_request(reader, connection, first)
+                self.hops.append(hop)
+                behaviour = self.behaviours[min(len(self.hops), len(self.behaviours)) - 1]
+                if not await behaviour(hop, writer):
+                    self._drop(writer)
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+
+    def _drop(self, writer: asyncio.StreamWriter) -> None:
+        if self.reset:
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+
+
+async def _read_request(reader: asyncio.StreamReader, connection: int, first: bytes) -> Hop:
+    head = first + await reader.readuntil(b"\r\n\r\n")
+    request_line, *lines = head.rstrip(b"\r\n").split(b"\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get(b"content-length", b"0")))
+    return Hop(connection, request_line, headers, body)
+
+
+def answer(status: int, payload: Any) -> Behaviour:
+    """Answer ``payload`` as JSON and keep the connection (keep-alive)."""
+
+    async def behave(hop: Hop, writer: asyncio.StreamWriter) -> bool:
+        body = msgspec.json.encode(payload)
+        writer.write(
+            b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (status, len(body))
+            + body
+        )
+        await writer.drain()
+        return True
+
+    return behave
+
+
+async def close_unanswered(hop: Hop, writer: asyncio.StreamWriter) -> bool:
+    """The request was read whole; the connection closes before any answer (the owner
+    crashed, or applied it and lost the connection)."""
+    return False
+
+
+async def answer_half(hop: Hop, writer: asyncio.StreamWriter) -> bool:
+    """A status line and headers promising 200 bytes, 12 of them, then the close."""
+    writer.write(
+        b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n"
+        b'content-length: 200\r\n\r\n{"event_id":'
+    )
+    await writer.drain()
+    return False
+
+
+@contextlib.asynccontextmanager
+async def stand_in(standin: StandIn) -> AsyncIterator[StandIn]:
+    server = await asyncio.start_server(standin.serve, "127.0.0.1", 0)
+    standin.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield standin
+    finally:
+        server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 5)
+
+
+@dataclass
+class Forwarder:
+    engine: MemoryEngine
+    http: httpx.AsyncClient
+    owner: str
+    """An owner whose partition the stand-in owns."""
+
+    async def appended(self) -> int:
+        """Records on this node's log (all partitions)."""
+        assert self.engine.router is not None
+        return sum((await self.engine.router.transport.end_offsets()).values())
+
+
+@contextlib.asynccontextmanager
+async def forwarder(directory: Path, standin: StandIn) -> AsyncIterator[Forwarder]:
+    """A node on the embedded log whose static split gives the stand-in every odd
+    partition, served in-process by the real app."""
+    settings = Settings(data_dir=str(directory)).replace(
+        cluster={"static_members": [NODE_URL, standin.url], "secret": SECRET},
+        query={"consistency_timeout_s": 2.0},
+        log={"request_timeout_s": 5.0},
+    )
+    engine = await MemoryEngine.open(
+        settings=settings,
+        embedding_provider=HashedBagOfWordsProvider(),
+        create_if_missing=True,
+        url=NODE_URL,
+    )
+    try:
+        router = engine.router
+        assert router is not None and router.cluster_map is not None
+        owner = next(
+            f"owner-{i}"
+            for i in range(1000)
+            if router.cluster_map.owner(router.partition_of(f"owner-{i}")) == standin.url
+        )
+        transport = httpx.ASGITransport(app=create_app(engine))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://node", timeout=60
+        ) as http:
+            yield Forwarder(engine, http, owner)
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("request_id", [None, "r-1"], ids=["plain", "keyed"])
+@pytest.mark.parametrize("behaviour", [close_unanswered, answer_half], ids=["closed", "half"])
+async def test_a_write_whose_hop_broke_after_sending_is_unconfirmed_and_not_appended_here(
+    tmp_path: Path, behaviour: Behaviour, request_id: str | None
+) -> None:
+    """The owner read the whole write, then the connection broke before (or while) it
+    answered: the owner may have appended it, so the entry node neither appends it itself
+    nor says "retry later" (a 503 with Retry-After invited a blind resend). On a new
+    connection it is not sent again either, request id or not: the owner took the
+    connection and then failed, so a resend would most likely be appended here."""
+    async with stand_in(StandIn([behaviour])) as standin, forwarder(tmp_path, standin) as node:
+        write = {"user_id": node.owner, "content": "the hop breaks after this"}
+        if request_id is not None:
+            write["request_id"] = request_id
+        response = await node.http.post("/v1/memories", json=write)
+        assert response.status_code == 504, response.text
+        assert response.json()["error"] == "append_unconfirmed"
+        assert "retry-after" not in response.headers
+        assert "it may have been applied" in response.json()["detail"]
+        # The owner got it whole, with the cluster secret and the caller ...
+        assert len(standin.hops) == 1
+        hop = standin.hops[0]
+        assert hop.request_line.startswith(b"POST /v1/memories ")
+        assert msgspec.json.decode(hop.body) == write
+        assert hop.headers[b"x-prme-cluster-secret"] == SECRET.encode()
+        # ... and it was sent once, and not appended here.
+        assert await node.appended() == 0
