@@ -34,13 +34,23 @@ from prme.schemas.errors import (
 from prme.schemas.metrics import Metrics
 
 from .http_client import error_from_response
-from .http_types import CALLER_HEADER, NOT_OWNER_HEADER, SECRET_HEADER, WaitRequest
+from .http_types import (
+    CALLER_HEADER,
+    NODE_KEEP_ALIVE_S,
+    NOT_OWNER_HEADER,
+    SECRET_HEADER,
+    WaitRequest,
+)
 
 MAP_POLL_S = 0.5
 """How often a serve-only node re-reads the map while a request waits on a rebalance."""
 MAP_REFRESH_S = 5.0
 """How often a serve-only node re-reads the map otherwise."""
 _log = logging.getLogger("prme.cluster")
+HOP_KEEPALIVE_S = NODE_KEEP_ALIVE_S / 2
+"""How long a pooled connection to another node is kept idle: well before the node closes
+it (``NODE_KEEP_ALIVE_S``). At the same 5 s a request sent as both ran out met the close
+and failed before the node read it."""
 REFUSAL_LOG_EVERY_S = 60.0
 """A hop refused for the cluster secret is logged at most this often per peer."""
 
@@ -107,7 +117,11 @@ class ClusterRouter:
         timeout = settings.cluster.forward_timeout_s
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-            limits=httpx.Limits(max_keepalive_connections=64, max_connections=256),
+            limits=httpx.Limits(
+                max_keepalive_connections=64,
+                max_connections=256,
+                keepalive_expiry=HOP_KEEPALIVE_S,
+            ),
         )
 
     async def start(self) -> None:

@@ -309,3 +309,7 @@ def parse_token(text: str) -> Position:
             f"after must be a consistency token 'partition:offset', got {text!r} - at query "
             "parameter `after`"
         ) from None
+
+
+NODE_KEEP_ALIVE_S = 5
+"""How long a node keeps an idle connection open (uvicorn's ``timeout_keep_alive``)."""

@@ -25,6 +25,7 @@ from prme.schemas.errors import ConfigurationError
 from .advertised_check import check_advertised_url
 from .auth import check_bind_safety
 from .engine import MemoryEngine
+from .http_types import NODE_KEEP_ALIVE_S
 from .listening import listen
 from .service import create_app
 
@@ -95,6 +96,7 @@ async def _serve(
             access_log=False,  # one line per request comes from prme.http instead
             lifespan="off",
             server_header=False,
+            timeout_keep_alive=NODE_KEEP_ALIVE_S,  # the hop pool lets one go before this
         )
         server = _ClosingServer(config, sockets)
         watcher = asyncio.create_task(_stop_on(shutdown, server)) if shutdown else None

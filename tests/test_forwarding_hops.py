@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,13 @@ import msgspec
 import pytest
 
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.query.cluster import HOP_KEEPALIVE_S
 from prme.query.engine import MemoryEngine
+from prme.query.http_types import NODE_KEEP_ALIVE_S
 from prme.query.service import create_app
 from prme.schemas.config import Settings
+
+from .service_harness import running_service
 
 NODE_URL = "http://127.0.0.1:9"  # this node's URL in the map (the test reaches it in-process)
 SECRET = "hop-secret"
@@ -216,3 +221,66 @@ async def test_a_write_whose_hop_broke_after_sending_is_unconfirmed_and_not_appe
         assert hop.headers[b"x-prme-cluster-secret"] == SECRET.encode()
         # ... and it was sent once, and not appended here.
         assert await node.appended() == 0
+
+
+STORED = {"event_id": "e1", "node_ids": ["mem:e1"], "token": {"partition": 1, "offset": 0}}
+"""What the stand-in answers a write with."""
+
+
+async def test_a_pooled_connection_the_owner_closed_while_idle_is_not_used(
+    tmp_path: Path,
+) -> None:
+    """The plain case of an idle close (the owner's keep-alive timeout, a restart) seen
+    before the next write: the pool sees the closed socket and opens a new connection, and
+    the write is delivered once (httpcore checks a pooled socket before reusing it)."""
+    idle: list[asyncio.StreamWriter] = []
+
+    async def answer_and_note(hop: Hop, writer: asyncio.StreamWriter) -> bool:
+        await answer(201, STORED)(hop, writer)
+        idle.append(writer)
+        return True
+
+    standin = StandIn([answer_and_note])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        first = await node.http.post("/v1/memories", json={"user_id": node.owner, "content": "a"})
+        assert first.status_code == 201, first.text
+        closed = idle.pop()
+        closed.close()  # idle now: closed by the owner
+        await closed.wait_closed()
+        again = await node.http.post("/v1/memories", json={"user_id": node.owner, "content": "b"})
+        assert again.status_code == 201, again.text
+        assert standin.connections == 2 and len(standin.hops) == 2
+
+
+async def test_the_hop_pool_lets_an_idle_connection_go_well_before_a_node_closes_it(
+    tmp_path: Path,
+) -> None:
+    """httpx kept an idle hop connection 5 s and a node (uvicorn) closes one idle 5 s: a
+    write sent on it as both ran out met the close (against uvicorn with both at 1 s, 2 of
+    80 writes sent at that instant failed with ReadError, before any byte reached the app).
+    The hop pool now lets one go after ``HOP_KEEPALIVE_S``, half the node's keep-alive."""
+    assert HOP_KEEPALIVE_S <= NODE_KEEP_ALIVE_S / 2
+    standin = StandIn([answer(201, STORED)])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        write = {"user_id": node.owner, "content": "a"}
+        assert (await node.http.post("/v1/memories", json=write)).status_code == 201
+        await asyncio.sleep(HOP_KEEPALIVE_S + 0.5)  # the idle time under test
+        assert (await node.http.post("/v1/memories", json=write)).status_code == 201
+        assert standin.connections == 2
+
+
+def test_a_node_keeps_an_idle_connection_open_its_keep_alive(tmp_path: Path) -> None:
+    """The other half: a node (``prme serve``) holds an idle connection
+    ``NODE_KEEP_ALIVE_S``, so a hop connection is let go before the node closes it."""
+    with running_service(tmp_path / "pack") as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(b"GET /v1/health HTTP/1.1\r\nHost: node\r\n\r\n")
+            received = b""
+            while b'"ok"' not in received:
+                received += conn.recv(4096)
+            idle_from = time.monotonic()
+            while conn.recv(4096):  # until the node closes it (EOF)
+                pass
+            held = time.monotonic() - idle_from
+    assert NODE_KEEP_ALIVE_S - 0.5 <= held < NODE_KEEP_ALIVE_S + 5, held
