@@ -114,15 +114,21 @@ class ClusterRouter:
         self._changed = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
         self._urgent = asyncio.Event()
-        timeout = settings.cluster.forward_timeout_s
+        timeout = httpx.Timeout(
+            settings.cluster.forward_timeout_s, connect=min(settings.cluster.forward_timeout_s, 5.0)
+        )
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+            timeout=timeout,
             limits=httpx.Limits(
                 max_keepalive_connections=64,
                 max_connections=256,
                 keepalive_expiry=HOP_KEEPALIVE_S,
             ),
         )
+        self._unpooled = httpx.AsyncClient(
+            timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0)
+        )
+        """Resends a request whose pooled connection broke: on a new connection each."""
 
     async def start(self) -> None:
         if not self._secret and self.settings.log.transport == "kafka":
@@ -150,6 +156,7 @@ class ClusterRouter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._poller
         await self._http.aclose()
+        await self._unpooled.aclose()
 
     # -- the map -----------------------------------------------------------------------
 
@@ -306,13 +313,16 @@ class ClusterRouter:
         body: bytes,
         headers: Mapping[str, str],
         timeout_s: float,
+        resendable: bool = False,
     ) -> httpx.Response | None:
         """Send the request to ``partition``'s owner and return its answer; None when this
         node owns the partition (serve it here). Retries, until ``timeout_s``, while the
         owner is unreachable or answers that it does not own the partition; a write
         (not repeatable) whose owner refuses the connection raises ``OwnerUnreachable``
         at once, and its answer is awaited as long as the owner may take to give it (its
-        wait for the partition, the append, the wait for the write to be applied)."""
+        wait for the partition, the append, the wait for the write to be applied).
+        ``resendable``: a write whose request ids make it harmless to send twice (the
+        owner answers a repeat with the first write); see :meth:`_hop`."""
         loop = asyncio.get_running_loop()
         repeatable = is_repeatable(method, target)
         consistency_s = self.settings.query.consistency_timeout_s
@@ -326,12 +336,13 @@ class ClusterRouter:
             sent.update(self._hop_headers(caller))
             left = max(0.1, deadline - loop.time())
             try:
-                response = await self._http.request(
+                response = await self._hop(
                     method,
                     url.rstrip("/") + target,
-                    content=body,
+                    body=body,
                     headers=sent,
-                    timeout=left + answer_s,
+                    timeout_s=left + answer_s,
+                    resendable=repeatable or resendable,
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # nothing was sent
                 self.metrics.cluster_forwards.labels("unreachable").inc()
@@ -373,6 +384,50 @@ class ClusterRouter:
         """``GET /v1/cluster`` of the node at ``url`` (what it owns and serves), for a
         status; no secret is sent: the route needs none."""
         return await self._http.get(url.rstrip("/") + "/v1/cluster", timeout=timeout_s)
+
+    async def _hop(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        resendable: bool,
+    ) -> httpx.Response:
+        """One request to another node, within ``timeout_s``. The owner may close a pooled
+        connection (its keep-alive ran out, it restarted) just as a request is sent on it:
+        the request fails before any answer, most often without reaching the owner's app,
+        though the hop cannot tell. A ``resendable`` request that broke so on a pooled
+        connection is sent once more, on a new connection, in what is left of
+        ``timeout_s``; another is raised (a write of unknown outcome)."""
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + timeout_s
+        opened: list[str] = []
+
+        async def trace(event: str, info: Mapping[str, object]) -> None:
+            if event == "connection.connect_tcp.started":  # not a pooled connection
+                opened.append(event)
+
+        try:
+            return await self._http.request(
+                method,
+                url,
+                content=body,
+                headers=headers,
+                timeout=timeout_s,
+                extensions={"trace": trace},
+            )
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as error:
+            left = ends - loop.time()
+            broken = not isinstance(error, httpx.ConnectError)
+            if not (resendable and broken and not opened and left > 0):
+                raise
+            _log.info("a pooled connection to %s broke (%r); sending it again", url, error)
+            self.metrics.cluster_forwards.labels("resent").inc()
+        return await self._unpooled.request(
+            method, url, content=body, headers=headers, timeout=left
+        )
 
     async def wait_applied(self, partition: int, offset: int, timeout_s: float) -> None:
         """Read-your-writes across nodes: wait until ``partition``'s owner, wherever it is,

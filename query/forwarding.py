@@ -10,7 +10,10 @@ with: a node that sealed the owner's writes itself kept sealing with the erased 
 memory, and the owner's node then dropped those acknowledged writes. A one-owner write
 whose owner cannot be found within ``WRITE_OWNER_WAIT_S``, or refuses the connection, is
 appended here (the log takes it; the answer says whether it was applied); a write the hop
-may have delivered (504) or whose owner refused this node's secret (503) is not. A batch of several owners' memories is appended by the node it reaches.
+may have delivered (504) or whose owner refused this node's secret (503) is not. A write
+whose pooled connection to the owner broke before the answer is sent once more, on a new
+connection, when its request ids make that harmless (``_Route.request_ids``). A batch of
+several owners' memories is appended by the node it reaches.
 A request another node forwarded is served here or refused with 503 ``not_owner`` (never
 forwarded twice), so a stale map costs a retry, not a loop.
 """
@@ -52,6 +55,10 @@ class _Route(NamedTuple):
     ``user_id`` of every message of a batch."""
     appended_here: bool
     """A write this node appends itself when no owner can be reached (nothing was sent)."""
+    request_ids: Literal["body", "every", "any", "none"] = "none"
+    """Where a write carries the request ids that make it harmless to send twice (the
+    owner answers a repeat with the first write): the body's, every message's, any
+    message's (a history replacement is one idempotent write when one has one), none."""
 
 
 _ROUTES: tuple[_Route, ...] = (
@@ -60,8 +67,11 @@ _ROUTES: tuple[_Route, ...] = (
     _Route("GET", re.compile(r"/v1/events/[^/]+(/nodes)?"), "query", False),
     _Route("DELETE", re.compile(r"/v1/history/messages/[^/]+"), "query", False),
     _Route("POST", re.compile(r"/v1/nodes/[^/]+/(archive|restore|supersede)"), "body", False),
-    _Route("POST", re.compile(r"/v1/(memories|history/(messages|replace|clear))"), "body", True),
-    _Route("POST", re.compile(r"/v1/memories/batch"), "batch", True),
+    _Route("POST", re.compile(r"/v1/memories"), "body", True, "body"),
+    _Route("POST", re.compile(r"/v1/history/messages"), "body", True, "every"),
+    _Route("POST", re.compile(r"/v1/history/replace"), "body", True, "any"),
+    _Route("POST", re.compile(r"/v1/history/clear"), "body", True),
+    _Route("POST", re.compile(r"/v1/memories/batch"), "batch", True, "every"),
     _Route("DELETE", re.compile(r"/v1/owners"), "query", True),
 )
 """The requests the owner's node answers."""
@@ -75,8 +85,14 @@ class _Batch(msgspec.Struct):
     messages: list[_Owner] = []
 
 
+class _Keyed(msgspec.Struct):
+    request_id: Any = None
+    messages: list[_Keyed] = []
+
+
 _owner_of_body = msgspec.json.Decoder(_Owner)
 _owners_of_batch = msgspec.json.Decoder(_Batch)
+_keyed = msgspec.json.Decoder(_Keyed)
 
 
 class ForwardingMiddleware:
@@ -140,6 +156,7 @@ class ForwardingMiddleware:
                     body=body,
                     headers=headers,
                     timeout_s=max(0.0, deadline - clock.time()),
+                    resendable=_resendable(route, body),
                 )
             except NotOwner as error:
                 refused = (NodeRefused, HopBroken, HopRefused)
@@ -254,6 +271,20 @@ def _owner(scope: Scope, body: bytes, route: _Route) -> str | None:
         return _owner_of_body.decode(body).user_id or None
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None  # the app answers it (400), counted and logged as such
+
+
+def _resendable(route: _Route, body: bytes) -> bool:
+    """Whether the write carries the request ids that make it harmless to send twice."""
+    if route.request_ids == "none":
+        return False
+    try:
+        write = _keyed.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return False
+    if route.request_ids == "body":
+        return write.request_id is not None
+    ids = [message.request_id is not None for message in write.messages]
+    return any(ids) if route.request_ids == "any" else bool(ids) and all(ids)
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -137,7 +137,8 @@ class Metrics:
             "prme_cluster_forwards",
             "Requests (and read-your-writes waits) sent to the node that owns the owner's "
             "partition, by outcome: forwarded, not_owner (retried), unreachable (retried), "
-            "refused (a hop, sent or received, refused: the nodes' cluster keys differ)",
+            "refused (a hop, sent or received, refused: the nodes' cluster keys differ), "
+            "resent (a pooled connection broke before the answer: sent again on a new one)",
             ("outcome",),
         )
         self.standby_promotions = counter(

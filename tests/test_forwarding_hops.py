@@ -227,6 +227,102 @@ STORED = {"event_id": "e1", "node_ids": ["mem:e1"], "token": {"partition": 1, "o
 """What the stand-in answers a write with."""
 
 
+async def pooled_then_dropped(node: Forwarder, standin: StandIn) -> None:
+    """A write answered on a new connection, which stays in the hop pool; the stand-in
+    then closes that connection, unanswered, as the next request arrives on it."""
+    opened = standin.connections
+    write = {"user_id": node.owner, "content": "opens a connection"}
+    assert (await node.http.post("/v1/memories", json=write)).status_code == 201
+    assert standin.connections == opened + 1
+    standin.drop_next_on.add(standin.connections)
+
+
+def resent(metrics: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith('prme_cluster_forwards_total{outcome="resent"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_a_keyed_write_on_a_pooled_connection_the_owner_dropped_is_resent_once(
+    tmp_path: Path, reset: bool
+) -> None:
+    """From a review: the owner closes a pooled connection (its keep-alive timeout, a
+    restart) just as the next write is sent on it. That write never reached the owner's
+    app, yet it answered 504 append_unconfirmed. A write with a request id (the owner
+    answers a repeat with the first write) is now sent once more on a new connection."""
+    standin = StandIn([answer(201, STORED)], reset=reset)
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        await pooled_then_dropped(node, standin)
+        write = {"user_id": node.owner, "content": "b", "request_id": "r-b"}
+        again = await node.http.post("/v1/memories", json=write)
+        assert again.status_code == 201, again.text
+        assert again.json() == STORED
+        assert standin.dropped_on_arrival == 1
+        assert standin.connections == 2
+        assert (standin.hops[-1].connection, msgspec.json.decode(standin.hops[-1].body)) == (
+            2,
+            write,
+        )
+        assert await node.appended() == 0
+        assert resent((await node.http.get("/metrics")).text) == 1
+
+
+async def test_a_write_without_request_id_is_not_resent_on_a_dropped_pooled_connection(
+    tmp_path: Path,
+) -> None:
+    """Without a request id nothing tells the owner a resend from a second write, and the
+    owner may have read it (the hop cannot tell): it stays 504 append_unconfirmed."""
+    standin = StandIn([answer(201, STORED)])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        await pooled_then_dropped(node, standin)
+        again = await node.http.post("/v1/memories", json={"user_id": node.owner, "content": "b"})
+        assert again.status_code == 504, again.text
+        assert again.json()["error"] == "append_unconfirmed"
+        assert "retry-after" not in again.headers
+        assert standin.connections == 1 and await node.appended() == 0
+
+
+async def test_a_history_write_is_resent_only_when_every_message_has_a_request_id(
+    tmp_path: Path,
+) -> None:
+    standin = StandIn([answer(201, [STORED, STORED])])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+
+        def messages(*request_ids: str | None) -> dict[str, Any]:
+            keyed = [{"content": f"m{i}", "request_id": r} for i, r in enumerate(request_ids)]
+            return {
+                "user_id": node.owner,
+                "session_id": "s",
+                "messages": [{k: v for k, v in m.items() if v is not None} for m in keyed],
+            }
+
+        await pooled_then_dropped(node, standin)
+        half = await node.http.post("/v1/history/messages", json=messages("r-0", None))
+        assert half.status_code == 504, half.text
+        await pooled_then_dropped(node, standin)
+        every = await node.http.post("/v1/history/messages", json=messages("r-0", "r-1"))
+        assert every.status_code == 201, every.text
+        assert standin.hops[-1].request_line.startswith(b"POST /v1/history/messages ")
+        assert resent((await node.http.get("/metrics")).text) == 1
+        assert await node.appended() == 0
+
+
+async def test_a_read_on_a_dropped_pooled_connection_is_resent_at_once(tmp_path: Path) -> None:
+    """A read was sent again too, but only after waiting for the map to change (0.5 s)."""
+    standin = StandIn([answer(201, STORED)])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        await pooled_then_dropped(node, standin)
+        standin.behaviours = [answer(200, [])]
+        read = await node.http.get("/v1/history", params={"user_id": node.owner})
+        assert read.status_code == 200 and read.json() == []
+        assert standin.connections == 2 and standin.dropped_on_arrival == 1
+        metrics = (await node.http.get("/metrics")).text
+        assert resent(metrics) == 1
+        assert 'prme_cluster_forwards_total{outcome="unreachable"}' not in metrics
+
+
 async def test_a_pooled_connection_the_owner_closed_while_idle_is_not_used(
     tmp_path: Path,
 ) -> None:
@@ -250,6 +346,7 @@ async def test_a_pooled_connection_the_owner_closed_while_idle_is_not_used(
         again = await node.http.post("/v1/memories", json={"user_id": node.owner, "content": "b"})
         assert again.status_code == 201, again.text
         assert standin.connections == 2 and len(standin.hops) == 2
+        assert resent((await node.http.get("/metrics")).text) == 0
 
 
 async def test_the_hop_pool_lets_an_idle_connection_go_well_before_a_node_closes_it(
