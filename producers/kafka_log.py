@@ -3,13 +3,14 @@
 Appends go through an idempotent producer (``acks=all``); ``append_many`` goes through a
 transactional producer so a batch is all or nothing; every reader uses
 ``isolation_level="read_committed"`` so an aborted or unfinished transaction is never
-seen. Transaction markers take offsets, so offsets within a partition increase but may
+seen: a transaction that fails before its commit is sent was not written. Transaction markers take offsets, so offsets within a partition increase but may
 have gaps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import OrderedDict
@@ -18,9 +19,10 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from prme.schemas.cluster import ClusterMap
-from prme.schemas.errors import ConfigurationError, TransportError
+from prme.schemas.errors import AppendUnconfirmed, ConfigurationError, TransportError
 
 from .kafka_batches import RECORD_BATCH_BYTES, enqueue_batches
 from .kafka_common import bounded, entry_of, reading, standalone_reader, stop_quietly
@@ -442,30 +444,80 @@ class KafkaLogTransport:
         return [(self.partition_for(item.key), item.key, item.value) for item in items]
 
     async def _send_transaction(self, items: Sequence[LogItem]) -> list[Position]:
+        """``items`` in one transaction, within the request timeout. Until its commit is
+        asked for, nothing of a transaction can be read (it is aborted, and every reader
+        is ``read_committed``): a failure or a timeout then is a ``TransportError``,
+        nothing written. Once the commit is asked for, the brokers may complete it
+        however long its answer takes: a timeout then is ``AppendUnconfirmed``."""
         async with self._txn_lock:
             producer = await self._transactional_producer()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._timeout_s
             try:
-                return await bounded(
-                    self._transaction(producer, items),
-                    self._timeout_s,
-                    "atomic append",
+                await bounded(producer.begin_transaction(), self._timeout_s, "atomic append")
+            except BaseException:
+                await self._abandon(producer, abort=False)
+                raise
+            try:
+                positions = await bounded(
+                    self._produce(producer, items), deadline - loop.time(), "atomic append"
+                )
+                if deadline - loop.time() <= 0:
+                    raise TimeoutError  # no time left to commit it
+            except BaseException as error:
+                await self._abandon(producer, abort=True)
+                if isinstance(error, TransportError | TimeoutError):
+                    what = (
+                        str(error) or f"kafka: atomic append timed out after {self._timeout_s:g}s"
+                    )
+                    raise TransportError(
+                        f"{what}; its transaction was aborted, never committed: nothing of "
+                        "it was written (safe to send again)"
+                    ) from error
+                raise
+            try:
+                await bounded(
+                    producer.commit_transaction(),
+                    deadline - loop.time(),
+                    "atomic append's commit",
                     may_land=True,
                 )
-            except BaseException:
-                # A failed transaction can leave the producer fenced or in a fatal state:
-                # drop it, the next batch starts a fresh one.
-                self._txn_producer = None
-                await stop_quietly(producer.stop(), self._timeout_s)
+            except AppendUnconfirmed as error:
+                await self._abandon(producer, abort=False)
+                raise AppendUnconfirmed(
+                    f"kafka: the log did not confirm the atomic append's commit within "
+                    f"{self._timeout_s:g}s; the commit was sent and may still complete, "
+                    "every record then appended (a retry with the same request_id is "
+                    "written once)"
+                ) from error
+            except BaseException as error:
+                # A commit the brokers refused leaves the transaction open: it is aborted
+                # (aiokafka refuses to abort a committing one).
+                await self._abandon(producer, abort=isinstance(error, TransportError))
                 raise
-
-    async def _transaction(
-        self, producer: AIOKafkaProducer, items: Sequence[LogItem]
-    ) -> list[Position]:
-        async with producer.transaction():
-            enqueued = await enqueue_batches(producer, self._topic, self._addressed(items))
-            positions = await enqueued.positions()
         self._note_written(positions)  # committed
         return positions
+
+    async def _produce(
+        self, producer: AIOKafkaProducer, items: Sequence[LogItem]
+    ) -> list[Position]:
+        enqueued = await enqueue_batches(producer, self._topic, self._addressed(items))
+        return await enqueued.positions()
+
+    async def _abandon(self, producer: AIOKafkaProducer, *, abort: bool) -> None:
+        """Drop the transactional producer after a failed transaction (it may be fenced or
+        in a fatal state: the next batch starts a fresh one). ``abort``: abort its open
+        transaction first, so the partitions' ``read_committed`` readers move past it at
+        once rather than after the broker's transaction timeout (60 s); within the request
+        timeout, since its outcome is settled either way (it is never committed)."""
+        self._txn_producer = None
+        try:
+            if abort:
+                # aiokafka asserts the state an abort starts from (a fatal one cannot).
+                with contextlib.suppress(KafkaError, AssertionError, TimeoutError):
+                    await asyncio.wait_for(producer.abort_transaction(), self._timeout_s)
+        finally:
+            await stop_quietly(producer.stop(), self._timeout_s)
 
     def _note_written(self, positions: Sequence[Position]) -> None:
         for position in positions:

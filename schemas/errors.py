@@ -61,8 +61,10 @@ class TransportError(PRMEError):
 
 class AppendUnconfirmed(TransportError):
     """The log did not confirm an append in time, and it may still take it: the records
-    stay queued in the producer and reach the log if a broker takes them later. Nothing
-    tells which; a retry with the same ``request_id`` is written once."""
+    stay queued in the producer and reach the log if a broker takes them later (or, for
+    an atomic append of several records, its transaction's commit was sent and may still
+    complete). Nothing tells which; a retry with the same ``request_id`` is written
+    once."""
 
 
 class NotFound(PRMEError, LookupError):

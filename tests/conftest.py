@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -122,6 +123,17 @@ class PrivateBroker:
         result = _kafka_script("kill", str(self.data_dir), timeout_s=60)
         if result.returncode != 0:
             _kafka_failure("kill", result)
+
+    def pause(self) -> None:
+        """SIGSTOP the broker: connections stay open and nothing is answered (a broker
+        hung in a long GC pause, or behind a network partition), until ``resume``."""
+        os.kill(self._pid(), signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self._pid(), signal.SIGCONT)
+
+    def _pid(self) -> int:
+        return int((self.data_dir / "kafka.pid").read_text())
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from prme.producers.kafka_log import KafkaLogTransport
 from prme.producers.transport import LogItem
 from prme.schemas.config import Settings
-from prme.schemas.errors import ConfigurationError, TransportError
+from prme.schemas.errors import AppendUnconfirmed, ConfigurationError, TransportError
 
+from .conftest import PrivateBroker
 from .transport_contract import TransportContract
 
 pytestmark = pytest.mark.kafka
@@ -108,6 +109,60 @@ async def test_failed_atomic_append_leaves_nothing_visible(
         assert [e.value for e in entries] == [b"next"]
     finally:
         await transport.close()
+
+
+async def test_an_atomic_append_that_times_out_before_its_commit_was_not_written(
+    private_kafka: PrivateBroker, kafka_topic: str
+) -> None:
+    """From a review: an atomic append (a transaction) that timed out said
+    AppendUnconfirmed, "may still be appended" (HTTP 504), though its transaction had not
+    been asked to commit, so nothing of it could ever be read; and it waited for
+    aiokafka's abort as long as the broker took (while it hung, until it came back). It
+    is now TransportError (503: nothing written, send it again) within the request
+    timeout, and its abort is bounded too."""
+    timeout_s = 2.0
+    txn_id = f"prme-test-{uuid.uuid4().hex}"
+
+    def transport(timeout_s: float) -> KafkaLogTransport:
+        return KafkaLogTransport(
+            private_kafka.bootstrap,
+            kafka_topic,
+            1,
+            request_timeout_s=timeout_s,
+            transactional_id=txn_id,
+        )
+
+    writer = transport(timeout_s)
+    await writer.start()
+    loop = asyncio.get_running_loop()
+    try:
+        await writer.append_many([_item("alice", "a1"), _item("alice", "a2")])
+        private_kafka.pause()
+        try:
+            started = loop.time()
+            with pytest.raises(TransportError) as raised:
+                await asyncio.wait_for(
+                    writer.append_many([_item("alice", "b1"), _item("alice", "b2")]),
+                    10 * timeout_s,  # the test's own bound: before, it waited until resumed
+                )
+            took = loop.time() - started
+        finally:
+            private_kafka.resume()
+    finally:
+        await writer.close()
+    assert not isinstance(raised.value, AppendUnconfirmed), raised.value
+    assert "nothing of it was written" in str(raised.value)
+    assert took < 3 * timeout_s + 2, took  # the append, the abort, the producer's stop
+    # Nothing of it ever lands: a writer with the same transactional id fences the first
+    # (the broker aborts what that one left open), and reads see only what was committed.
+    after = transport(60.0)
+    await after.start()
+    try:
+        await after.append_many([_item("alice", "c1"), _item("alice", "c2")])
+        values = [entry.value for entry in await after.read(0, 0)]
+        assert values == [b"a1", b"a2", b"c1", b"c2"]
+    finally:
+        await after.close()
 
 
 async def test_an_atomic_append_of_one_record_needs_no_transaction(
