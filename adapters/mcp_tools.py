@@ -119,7 +119,8 @@ DESCRIPTIONS = {
     "scope": "A namespace inside the owner, matched exactly ('work' is not 'Work').",
     "role": "Who said it.",
     "name": "The speaker's name, when it is not just the role.",
-    "occurred_at": "When it happened (RFC 3339), if not now.",
+    "occurred_at": "When it happened (RFC 3339 with a UTC offset, e.g. 2024-05-01T10:00:00Z), "
+    "if not now.",
     "request_id": "An idempotency key: a retry with the same key and the same content writes "
     "nothing new; the same key with other content is refused.",
     "metadata": "Your own JSON object, stored with the message.",

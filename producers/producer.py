@@ -123,6 +123,19 @@ def check_content(
         )
 
 
+def check_occurred_at(occurred_at: object, at: str = " - at $.occurred_at") -> None:
+    """InvalidInput for an ``occurred_at`` without a UTC offset (``2024-05-01T10:00:00``, a
+    naive ``datetime``): it names no instant (the log would keep it as written, date cues
+    would read it as UTC and the vector payload as this machine's local time). ``at`` ends
+    the message, as for :func:`check_content`."""
+    if isinstance(occurred_at, datetime) and occurred_at.utcoffset() is None:
+        raise InvalidInput(
+            f"occurred_at {occurred_at.isoformat()} has no UTC offset: send one, e.g. "
+            "2024-05-01T10:00:00Z or 2024-05-01T12:00:00+02:00 (from Python an aware "
+            f"datetime, e.g. datetime(2024, 5, 1, 10, tzinfo=UTC)){at}"
+        )
+
+
 NUMBER_RANGE = (-(2**63), 2**64 - 1)
 """What the log's msgpack can store of a number in free-form JSON (metadata, fields, tool
 calls, content blocks); floats are held to it too, so one rule (and one JSON Schema bound)
@@ -251,6 +264,7 @@ class Producer:
     def _message_item(self, fields: dict[str, Any]) -> tuple[Message, LogItem]:
         check_owner(fields["owner"])
         check_content(fields["content"], fields.get("tool_calls", ()))
+        check_occurred_at(fields.get("occurred_at"))
         for name in ("metadata", "fields"):
             self._check_json(name, fields.get(name, {}))
         for name in ("content", "tool_calls", "metadata", "fields"):

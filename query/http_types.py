@@ -11,7 +11,13 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from prme.producers.producer import MAX_REASON_CHARS, MessageDraft, check_content, check_history
+from prme.producers.producer import (
+    MAX_REASON_CHARS,
+    MessageDraft,
+    check_content,
+    check_history,
+    check_occurred_at,
+)
 from prme.producers.transport import Position
 from prme.schemas.cluster import ClusterMember, TopicRefused
 from prme.schemas.errors import InvalidInput, patterns_in_words
@@ -93,8 +99,9 @@ class HistoryMessageIn(Body, frozen=True, kw_only=True):
     request_id: IdField | None = None
 
     def __post_init__(self) -> None:
-        # Decoding a body names the message's path; the producer applies the same rule.
+        # Decoding a body names the message's path; the producer applies the same rules.
         check_content(self.content, self.tool_calls, at="")
+        check_occurred_at(self.occurred_at, at="")
 
     @classmethod
     def of(cls, draft: MessageDraft) -> HistoryMessageIn:

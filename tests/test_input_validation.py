@@ -1,0 +1,109 @@
+"""Input the API refuses with ``400 invalid_input`` naming the field, writing nothing, over
+HTTP and in-process alike (docs/HTTP.md "Validation"): gaps a review found after the
+first rules were in place."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prme.producers.ingest import message_from_line
+from prme.producers.local_log import LocalLogTransport
+from prme.producers.producer import MessageDraft, Producer
+from prme.query.engine import MemoryEngine
+from prme.query.http_client import HttpMemoryBackend
+from prme.query.service import create_app
+from prme.schemas.errors import InvalidInput
+
+from .conftest import keyed_engine
+
+KEY = {"Authorization": "Bearer key-admin"}
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[MemoryEngine]:
+    async with keyed_engine(tmp_path / "pack", {"key-admin": "*"}) as opened:
+        yield opened
+
+
+def service_backend(engine: MemoryEngine) -> HttpMemoryBackend:
+    app = create_app(engine)
+    return HttpMemoryBackend(
+        "http://prme", "key-admin", timeout_s=10, transport=httpx.ASGITransport(app=app)
+    )
+
+
+async def log_size(engine: MemoryEngine) -> int:
+    return sum((await engine.runner.transport.end_offsets()).values())
+
+
+async def refused(
+    http: httpx.AsyncClient, engine: MemoryEngine, method: str, path: str, **request: Any
+) -> str:
+    """The detail of the 400 ``invalid_input`` the request gets; it must write nothing."""
+    before = await log_size(engine)
+    response = await http.request(method, path, headers=KEY, **request)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "invalid_input"
+    assert await log_size(engine) == before
+    detail: str = response.json()["detail"]
+    return detail
+
+
+# -- occurred_at ----------------------------------------------------------------------
+
+
+async def test_an_occurred_at_without_a_utc_offset_is_refused_with_an_example(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    """It was stored as written, naive: date cues read it as UTC, the vector payload as the
+    server's local time."""
+    naive = {"user_id": "alice", "content": "x", "occurred_at": "2024-05-01T10:00:00"}
+    detail = await refused(http, engine, "POST", "/v1/memories", json=naive)
+    assert "occurred_at" in detail and "2024-05-01T10:00:00Z" in detail
+    batch = {"messages": [{**naive, "occurred_at": "2024-05-01T10:00:00Z"}, naive]}
+    detail = await refused(http, engine, "POST", "/v1/memories/batch", json=batch)
+    assert "occurred_at" in detail and "$.messages[1]" in detail
+    message = {"content": "x", "occurred_at": "2024-05-01T10:00:00"}
+    history = {"user_id": "alice", "session_id": "s", "messages": [message]}
+    for path in ("/v1/history/messages", "/v1/history/replace"):
+        detail = await refused(http, engine, "POST", path, json=history)
+        assert "occurred_at" in detail and "$.messages[0]" in detail
+    for aware in ("2024-05-01T10:00:00Z", "2024-05-01T12:00:00+02:00"):
+        ok = await http.post("/v1/memories", json={**naive, "occurred_at": aware}, headers=KEY)
+        assert ok.status_code == 201, ok.text
+
+
+async def test_a_naive_datetime_is_refused_in_process_and_by_the_http_client(
+    engine: MemoryEngine,
+) -> None:
+    naive = datetime(2024, 5, 1, 10, 0)
+    for backend in (engine, service_backend(engine)):
+        before = await log_size(engine)
+        with pytest.raises(InvalidInput, match="occurred_at .* has no UTC offset"):
+            await backend.store("x", "alice", occurred_at=naive)
+        draft = MessageDraft(owner="alice", session_id="s", content="x", occurred_at=naive)
+        with pytest.raises(InvalidInput, match="occurred_at"):
+            await backend.store_many([draft])
+        with pytest.raises(InvalidInput, match="occurred_at"):
+            await backend.add_messages("alice", "s", [draft])
+        with pytest.raises(InvalidInput, match="occurred_at"):
+            await backend.replace_history("alice", "s", [draft])
+        assert await log_size(engine) == before
+    stored = await engine.store("x", "alice", occurred_at=naive.replace(tzinfo=UTC))
+    event = await engine.get_event(stored.event_id, "alice")
+    assert event.record.occurred_at == datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+
+
+def test_an_ingest_line_whose_time_has_no_utc_offset_is_a_bad_line(tmp_path: Path) -> None:
+    producer = Producer(LocalLogTransport(tmp_path / "log"))
+    line = '{"owner": "alice", "content": "x", "time": "2024-05-01T10:00:00"}'
+    with pytest.raises(InvalidInput, match=r"no UTC offset.* - at \$\.time"):
+        message_from_line(line, producer)
+    message, _ = message_from_line(line.replace(':00"', ':00Z"'), producer)
+    assert message.occurred_at == datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
