@@ -60,10 +60,10 @@ def langchain_to_draft(
         scope=scope,
         role=langchain_role(serialized),
         content=_content_blocks(content),
-        name=data.get("name"),
-        tool_call_id=data.get("tool_call_id"),
+        name=_str_or_none(data.get("name")),
+        tool_call_id=_str_or_none(data.get("tool_call_id")),
         tool_calls=list(data.get("tool_calls") or []),
-        message_id=data.get("id"),
+        message_id=_str_or_none(data.get("id")),
         fields=fields,
         metadata=metadata or {},
     )
@@ -170,4 +170,7 @@ def message_to_llamaindex(message: Message) -> Any:
 
 
 def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
+    """A name or id as a draft takes it: a framework's empty one (``""``) is none (the
+    producer refuses an empty name, tool_call_id or message_id; the framework's own form,
+    kept in ``fields``, round-trips it as it was)."""
+    return value if isinstance(value, str) and value else None

@@ -123,6 +123,20 @@ def check_content(
         )
 
 
+NAMES = ("name", "tool_call_id", "message_id")
+"""A message's optional names and ids: left out (None) or not empty."""
+
+
+def check_names(fields: dict[str, Any]) -> None:
+    """InvalidInput for a message field of :data:`NAMES` given as ``""``: an empty speaker
+    name or id matches nothing and reads as absent in one place and present in another."""
+    for name in NAMES:
+        if fields.get(name) == "":
+            raise InvalidInput(
+                f"{name} must not be empty: leave it out (null) when there is none - at $.{name}"
+            )
+
+
 def check_occurred_at(occurred_at: object, at: str = " - at $.occurred_at") -> None:
     """InvalidInput for an ``occurred_at`` without a UTC offset (``2024-05-01T10:00:00``, a
     naive ``datetime``): it names no instant (the log would keep it as written, date cues
@@ -265,6 +279,7 @@ class Producer:
         check_owner(fields["owner"])
         check_content(fields["content"], fields.get("tool_calls", ()))
         check_occurred_at(fields.get("occurred_at"))
+        check_names(fields)
         for name in ("metadata", "fields"):
             self._check_json(name, fields.get(name, {}))
         for name in ("content", "tool_calls", "metadata", "fields"):

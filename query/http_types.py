@@ -38,6 +38,9 @@ PATTERN_WORDS = {
 """What the request types' patterns mean, for error messages."""
 
 IdField = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+NameField = Annotated[str, msgspec.Meta(min_length=1)]
+"""A message's ``name``, ``tool_call_id`` or ``message_id``: null or not empty (the
+producer's ``check_names`` holds in-process writes to the same rule)."""
 QueryText = Annotated[str, msgspec.Meta(min_length=1, pattern=TEXT_PATTERN)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 MAX_TOP_K = 1000
@@ -89,10 +92,10 @@ class HistoryMessageIn(Body, frozen=True, kw_only=True):
     content: str | list[dict[str, Any]]
     """Text or content blocks; not empty or whitespace only unless ``tool_calls`` is given."""
     role: Role = "user"
-    name: str | None = None
-    tool_call_id: str | None = None
+    name: NameField | None = None
+    tool_call_id: NameField | None = None
     tool_calls: list[dict[str, Any]] = []
-    message_id: str | None = None
+    message_id: NameField | None = None
     fields: dict[str, Any] = {}
     metadata: dict[str, Any] = {}
     occurred_at: datetime | None = None

@@ -107,3 +107,36 @@ def test_an_ingest_line_whose_time_has_no_utc_offset_is_a_bad_line(tmp_path: Pat
         message_from_line(line, producer)
     message, _ = message_from_line(line.replace(':00"', ':00Z"'), producer)
     assert message.occurred_at == datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+
+
+# -- empty names ----------------------------------------------------------------------
+
+NAMES = ("name", "tool_call_id", "message_id")
+
+
+@pytest.mark.parametrize("field", NAMES)
+async def test_an_empty_name_or_message_id_is_refused(
+    http: httpx.AsyncClient, engine: MemoryEngine, field: str
+) -> None:
+    """They were stored as "", which reads as absent in one place (``name or role``) and
+    present in another."""
+    body = {"user_id": "alice", "content": "x", field: ""}
+    detail = await refused(http, engine, "POST", "/v1/memories", json=body)
+    assert f"$.{field}" in detail
+    history = {"user_id": "alice", "session_id": "s", "messages": [{"content": "x", field: ""}]}
+    detail = await refused(http, engine, "POST", "/v1/history/messages", json=history)
+    assert f"$.messages[0].{field}" in detail
+    draft = MessageDraft(owner="alice", content="x", **{field: ""})
+    with pytest.raises(InvalidInput, match=rf"{field} must not be empty.* - at \$\.{field}"):
+        await engine.store_many([draft])
+    ok = await http.post("/v1/memories", json={**body, field: "x1"}, headers=KEY)
+    assert ok.status_code == 201, ok.text
+
+
+def test_a_framework_message_with_an_empty_name_or_id_is_stored_without_one() -> None:
+    messages = pytest.importorskip("langchain_core.messages")
+    from prme.adapters.messages import langchain_to_draft
+
+    message = messages.ToolMessage(content="42", tool_call_id="", name="", id="")
+    draft = langchain_to_draft(message, "alice", "s", "default")
+    assert (draft.name, draft.tool_call_id, draft.message_id) == (None, None, None)
