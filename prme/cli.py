@@ -127,8 +127,8 @@ def _owner(text: str) -> str:
         return msgspec.convert(text, UserIdField)
     except msgspec.ValidationError:
         raise argparse.ArgumentTypeError(
-            f"an owner id (1 to 256 characters, no control characters, no whitespace at "
-            f"either end), not {text!r}"
+            f"an owner id (1 to 256 characters, no control or invisible characters, no "
+            f"whitespace at either end), not {text!r}"
         ) from None
 
 

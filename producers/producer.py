@@ -23,6 +23,7 @@ from prme.schemas.errors import TOO_DEEP, InvalidInput, TransportError, patterns
 from prme.schemas.metrics import Metrics, transport_label
 from prme.schemas.records import (
     PATTERN_WORDS,
+    UNSEEN_CHARACTERS,
     HistoryCleared,
     HistoryReplaced,
     Message,
@@ -82,9 +83,11 @@ class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str | None = None
 
 
-OWNER_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-"""Refused in new owner ids: C0 and C1 controls (NUL, the unit separator, tabs, newlines)
-name no one a person would pick, and break logs, headers and key encodings."""
+UNSEEN_CHARACTER = re.compile(f"[{UNSEEN_CHARACTERS}]")
+"""Refused in new ids (owner, session, scope, request): C0 and C1 controls (NUL, the unit
+separator, tabs, newlines) name nothing a person would pick, and break logs, headers and key
+encodings; invisible characters (U+200B, U+FEFF, ...) make an id that looks like another."""
+ID_FIELDS = ("session_id", "scope", "request_id")
 
 ADDITION_MISMATCH = "each message must belong to the history it is added to"
 REPLACEMENT_MISMATCH = "replacement messages must share the history's owner/session/scope"
@@ -100,13 +103,20 @@ def check_history(
 
 
 def check_owner(owner: str, field: str = "owner") -> None:
-    """InvalidInput if ``owner`` holds a control character (the record's own checks, length
-    and surrounding whitespace, run when it is built)."""
-    found = OWNER_CONTROL_CHARACTERS.search(owner)
+    """InvalidInput if ``owner`` holds a control or invisible character (the record's own
+    checks, length and surrounding whitespace, run when it is built)."""
+    check_id(owner, field, "an owner id")
+
+
+def check_id(value: object, field: str, what: str | None = None) -> None:
+    """InvalidInput naming ``field`` if ``value`` (an id) holds one of
+    :data:`UNSEEN_CHARACTER` (the API's ``ID_PATTERN``, for writes that were not decoded
+    from a body)."""
+    found = UNSEEN_CHARACTER.search(value) if isinstance(value, str) else None
     if found is not None:
         raise InvalidInput(
-            f"an owner id may not contain a control character (U+{ord(found.group()):04X} "
-            f"at index {found.start()}) - at $.{field}"
+            f"{what or field} may not contain a control character or an invisible one "
+            f"(U+{ord(found.group()):04X} at index {found.start()}) - at $.{field}"
         )
 
 
@@ -277,6 +287,8 @@ class Producer:
 
     def _message_item(self, fields: dict[str, Any]) -> tuple[Message, LogItem]:
         check_owner(fields["owner"])
+        for name in ID_FIELDS:
+            check_id(fields.get(name), name)
         check_content(fields["content"], fields.get("tool_calls", ()))
         check_occurred_at(fields.get("occurred_at"))
         check_names(fields)
@@ -302,6 +314,8 @@ class Producer:
             raise InvalidInput(f"unknown control kind {kind!r} (known: {sorted(_CONTROL_TYPES)})")
         if kind != "owner_erased":  # an owner written before the check may still be erased
             check_owner(owner)
+            for name in ("session_id", "scope", "node_id", "by_node_id"):
+                check_id(fields.get(name), name)
         if kind == "node_superseded":
             check_supersede(fields.get("node_id", ""), fields.get("by_node_id", ""))
         if kind == "node_archived":

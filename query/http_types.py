@@ -21,7 +21,7 @@ from prme.producers.producer import (
 from prme.producers.transport import Position
 from prme.schemas.cluster import ClusterMember, TopicRefused
 from prme.schemas.errors import InvalidInput, patterns_in_words
-from prme.schemas.records import USER_ID_PATTERN, Role, UserIdField
+from prme.schemas.records import ID_PATTERN, USER_ID_PATTERN, Role, UserIdField
 
 from .fusion import FusionName
 from .types import Bundle, MemoryResult, Receipt
@@ -31,13 +31,24 @@ TEXT_PATTERN = r"\S"
 TOKEN_PATTERN = r"^[0-9]+:[0-9]+$"
 """A consistency token as a query parameter, ``partition:offset``."""
 PATTERN_WORDS = {
-    USER_ID_PATTERN: "Expected an owner id without control characters or whitespace at either end",
+    USER_ID_PATTERN: "Expected an owner id without control characters, invisible characters "
+    "(U+200B zero-width space, U+FEFF, ...) or whitespace at either end",
+    ID_PATTERN: "Expected an id without control characters or invisible characters (U+200B "
+    "zero-width space, U+FEFF, ...)",
     TEXT_PATTERN: "Expected text that is not empty or only whitespace",
     TOKEN_PATTERN: "Expected a consistency token `partition:offset`",
 }
 """What the request types' patterns mean, for error messages."""
 
-IdField = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+IdField = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=256,
+        pattern=ID_PATTERN,
+        description="1-256 characters, no control or invisible characters",
+    ),
+]
 NameField = Annotated[str, msgspec.Meta(min_length=1)]
 """A message's ``name``, ``tool_call_id`` or ``message_id``: null or not empty (the
 producer's ``check_names`` holds in-process writes to the same rule)."""
@@ -83,7 +94,8 @@ def checked(request: BodyT) -> BodyT:
     try:
         return msgspec.convert(msgspec.structs.asdict(request), type(request))
     except msgspec.ValidationError as error:
-        raise InvalidInput(f"invalid request: {error}") from error
+        reason = patterns_in_words(str(error), PATTERN_WORDS)
+        raise InvalidInput(f"invalid request: {reason}") from error
 
 
 class HistoryMessageIn(Body, frozen=True, kw_only=True):

@@ -24,7 +24,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, Reference, Schema, SecurityScheme
-from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.params import JSONBody, PathParameter, QueryParameter
 from litestar.typing import FieldDefinition
 
 from prme.projectors.status import partition_statuses, projector_failure, read_log_ends
@@ -46,6 +46,7 @@ from .engine import MemoryEngine
 from .forwarding import ForwardingMiddleware
 from .http_errors import HTTP_KINDS, status_of
 from .http_types import (
+    ID_PATTERN,
     NOT_OWNER_HEADER,
     PATTERN_WORDS,
     TOKEN_PATTERN,
@@ -133,25 +134,47 @@ CallerDep = NamedDependency[Caller]
 UserId = Annotated[
     str,
     QueryParameter(
-        description="the owner acted on (1-256 characters, no control characters, no "
-        "surrounding space)",
+        description="the owner acted on (1-256 characters, no control or invisible "
+        "characters, no surrounding space)",
         min_length=1,
         max_length=256,
         pattern=USER_ID_PATTERN,
     ),
 ]
 Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]
+_ID_RULE = "1-256 characters, no control or invisible characters"
 SessionId = Annotated[
     str,
-    QueryParameter(description="the chat session (1-256 characters)", min_length=1, max_length=256),
+    QueryParameter(
+        description=f"the chat session ({_ID_RULE})",
+        min_length=1,
+        max_length=256,
+        pattern=ID_PATTERN,
+    ),
 ]
 Scope = Annotated[
     str,
     QueryParameter(
         name="scope",
-        description="the memory scope (1-256 characters)",
+        description=f"the memory scope ({_ID_RULE})",
         min_length=1,
         max_length=256,
+        pattern=ID_PATTERN,
+    ),
+]
+EventId = Annotated[
+    str,
+    PathParameter(
+        description=f"the event ({_ID_RULE})", min_length=1, max_length=256, pattern=ID_PATTERN
+    ),
+]
+NodeId = Annotated[
+    str,
+    PathParameter(
+        description=f"the memory node, mem:<event id> ({_ID_RULE})",
+        min_length=1,
+        max_length=256,
+        pattern=ID_PATTERN,
     ),
 ]
 
@@ -285,7 +308,7 @@ async def clear_history(
     responses=PROTECTED_ERRORS,
 )
 async def delete_message(
-    event_id: FromPath[str],
+    event_id: EventId,
     user_id: UserId,
     engine: EngineDep,
     caller: CallerDep,
@@ -302,7 +325,7 @@ async def delete_message(
     summary="Archive a memory node (it leaves normal retrieval)",
 )
 async def archive(
-    node_id: FromPath[str], data: JSONBody[ArchiveRequest], engine: EngineDep, caller: CallerDep
+    node_id: NodeId, data: JSONBody[ArchiveRequest], engine: EngineDep, caller: CallerDep
 ) -> StoreResult:
     caller.authorize(data.user_id)
     return await engine.archive(node_id, data.user_id, reason=data.reason, wait=data.wait)
@@ -315,7 +338,7 @@ async def archive(
     summary="Bring an archived or superseded node back",
 )
 async def restore(
-    node_id: FromPath[str], data: JSONBody[RestoreRequest], engine: EngineDep, caller: CallerDep
+    node_id: NodeId, data: JSONBody[RestoreRequest], engine: EngineDep, caller: CallerDep
 ) -> StoreResult:
     caller.authorize(data.user_id)
     return await engine.restore(node_id, data.user_id, wait=data.wait)
@@ -328,7 +351,7 @@ async def restore(
     summary="Replace a node by another (it leaves retrieval)",
 )
 async def supersede(
-    node_id: FromPath[str], data: JSONBody[SupersedeRequest], engine: EngineDep, caller: CallerDep
+    node_id: NodeId, data: JSONBody[SupersedeRequest], engine: EngineDep, caller: CallerDep
 ) -> StoreResult:
     caller.authorize(data.user_id)
     return await engine.supersede(node_id, data.by_node_id, data.user_id, wait=data.wait)
@@ -402,7 +425,7 @@ async def history(
     "/events/{event_id:str}", summary="The original record of an event", responses=PROTECTED_ERRORS
 )
 async def get_event(
-    event_id: FromPath[str], user_id: UserId, engine: EngineDep, caller: CallerDep
+    event_id: EventId, user_id: UserId, engine: EngineDep, caller: CallerDep
 ) -> EventView:
     caller.authorize(user_id)
     return await engine.get_event(event_id, user_id)
@@ -414,7 +437,7 @@ async def get_event(
     responses=PROTECTED_ERRORS,
 )
 async def get_event_nodes(
-    event_id: FromPath[str], user_id: UserId, engine: EngineDep, caller: CallerDep
+    event_id: EventId, user_id: UserId, engine: EngineDep, caller: CallerDep
 ) -> list[str]:
     caller.authorize(user_id)
     return await engine.get_event_nodes(event_id, user_id)

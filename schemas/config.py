@@ -161,8 +161,8 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if owner != "*" and not _is_owner_id(owner):
                 raise ValueError(
                     f"service.api_keys binds a key to the owner {owner!r}: an owner is '*' "
-                    "(admin) or an owner id (1-256 characters, no control characters, no "
-                    "whitespace at either end)"
+                    "(admin) or an owner id (1-256 characters, no control or invisible "
+                    "characters, no whitespace at either end)"
                 )
 
 

@@ -20,9 +20,24 @@ OwnerId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=OWNE
 PATTERN_WORDS = {OWNER_PATTERN: "Expected an owner id without whitespace at either end"}
 """What the records' patterns mean, for error messages (``errors.patterns_in_words``)."""
 Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-USER_ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"
-"""An owner id as the API takes it: no control characters (the producer refuses them),
-no whitespace at either end (the record's own rule)."""
+UNSEEN_CHARACTERS = (
+    r"\x00-\x1f\x7f-\x9f\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
+)
+"""What no id the API takes may hold (the body of a regex character class): the C0 and C1
+control characters, and the format characters that show as nothing (soft hyphen, zero-width
+space, non-joiner and joiner, direction marks, embeddings, overrides and isolates, word
+joiner, byte order mark), with which two ids that look the same are different owners,
+sessions or scopes."""
+USER_ID_PATTERN = (
+    rf"^[^\s{UNSEEN_CHARACTERS}](?:[^{UNSEEN_CHARACTERS}]*[^\s{UNSEEN_CHARACTERS}])?(?!\n)$"
+)
+"""An owner id as the API takes it: no control or invisible characters (the producer
+refuses them), no whitespace at either end (the record's own rule). ``(?!\n)$`` is the end
+of the text in Python's regex too (a bare ``$`` there also matches before a final newline,
+which let ``"alice\n"`` through)."""
+ID_PATTERN = rf"^[^{UNSEEN_CHARACTERS}]+(?!\n)$"
+"""A session, scope, event, node or request id as the API takes it: no control or
+invisible characters."""
 UserIdField = Annotated[
     str,
     msgspec.Meta(

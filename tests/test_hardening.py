@@ -515,10 +515,14 @@ def test_a_dedupe_key_splits_back_into_its_owner_and_request_id(
 
 
 async def test_a_conflict_names_the_request_id_as_sent(engine: MemoryEngine) -> None:
-    """Found in review: a request id holding a unit separator was split at the wrong one."""
-    await engine.store("one", "alice", request_id="a\x1fb")
-    with pytest.raises(InvalidInput, match=r"request_id 'a\\x1fb' of owner 'alice'"):
-        await engine.store("two", "alice", request_id="a\x1fb")
+    """Found in review: a request id holding a unit separator was split at the wrong one.
+    Such an id is refused now (no control characters in ids); one with a separator-like
+    visible character is named as sent."""
+    with pytest.raises(InvalidInput, match=r"an id without control characters.*request_id"):
+        await engine.store("one", "alice", request_id="a\x1fb")
+    await engine.store("one", "alice", request_id="a\u241fb")
+    with pytest.raises(InvalidInput, match="request_id 'a\u241fb' of owner 'alice'"):
+        await engine.store("two", "alice", request_id="a\u241fb")
 
 
 async def test_a_replacement_changed_anywhere_is_a_new_replacement_not_a_conflict(

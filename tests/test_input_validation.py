@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -140,3 +141,62 @@ def test_a_framework_message_with_an_empty_name_or_id_is_stored_without_one() ->
     message = messages.ToolMessage(content="42", tool_call_id="", name="", id="")
     draft = langchain_to_draft(message, "alice", "s", "default")
     assert (draft.name, draft.tool_call_id, draft.message_id) == (None, None, None)
+
+
+# -- control and invisible characters in ids ------------------------------------------
+
+UNSEEN = ["\u200b", "\u200c", "\u200d", "\ufeff", "\u2060", "\u202e", "\x07", "\n"]
+"""Zero-width space, non-joiner, joiner, byte order mark, word joiner, right-to-left
+override, a bell, a newline."""
+
+
+@pytest.mark.parametrize("char", UNSEEN)
+async def test_an_id_with_an_invisible_or_control_character_is_refused(
+    http: httpx.AsyncClient, engine: MemoryEngine, char: str
+) -> None:
+    """``"alice\\u200b"`` was another owner than ``"alice"`` that looks the same; control
+    characters were refused in owner ids only (and a final newline not even there)."""
+    memory = {"user_id": "alice", "content": "x"}
+    cases: list[tuple[str, str, dict[str, Any], str]] = [
+        ("POST", "/v1/memories", {"json": {**memory, "user_id": "alice" + char}}, "$.user_id"),
+        ("POST", "/v1/memories", {"json": {**memory, "user_id": char}}, "$.user_id"),
+        ("POST", "/v1/memories", {"json": {**memory, "session_id": "s" + char}}, "$.session_id"),
+        ("POST", "/v1/memories", {"json": {**memory, "scope": char}}, "$.scope"),
+        ("POST", "/v1/memories", {"json": {**memory, "request_id": f"r{char}1"}}, "request_id"),
+        (
+            "POST",
+            "/v1/history/clear",
+            {"json": {"user_id": "alice", "session_id": f"s{char}"}},
+            "$.session_id",
+        ),
+        ("GET", "/v1/history", {"params": {"user_id": f"alice{char}"}}, "user_id"),
+        ("GET", "/v1/history", {"params": {"user_id": "a", "scope": f"w{char}"}}, "scope"),
+        ("GET", f"/v1/events/e{quote(char)}", {"params": {"user_id": "alice"}}, "event_id"),
+        ("POST", f"/v1/nodes/mem:{quote(char)}/archive", {"json": {"user_id": "a"}}, "node_id"),
+    ]
+    for method, path, request, named in cases:
+        detail = await refused(http, engine, method, path, **request)
+        assert named in detail and "invisible" in detail, (path, request, detail)
+    before = await log_size(engine)
+    drafts = [
+        MessageDraft(owner="alice" + char, content="x"),
+        MessageDraft(owner="alice", session_id="s" + char, content="x"),
+        MessageDraft(owner="alice", scope=char, content="x"),
+        MessageDraft(owner="alice", content="x", request_id=f"r{char}"),
+    ]
+    for draft in drafts:
+        with pytest.raises(InvalidInput, match="control character or an invisible one"):
+            await engine.store_many([draft])
+    with pytest.raises(InvalidInput, match="invisible"):
+        await engine.history("alice", f"s{char}")
+    with pytest.raises(InvalidInput, match="invisible"):
+        await engine.clear_history("alice", "s", scope=f"w{char}")
+    assert await log_size(engine) == before
+
+
+async def test_ids_in_other_scripts_and_inner_spaces_are_still_ids(
+    http: httpx.AsyncClient,
+) -> None:
+    body = {"user_id": "josé", "session_id": "日本 trip", "scope": "Ωmega", "content": "x"}
+    response = await http.post("/v1/memories", json=body, headers=KEY)
+    assert response.status_code == 201, response.text
