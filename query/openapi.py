@@ -16,8 +16,8 @@ from prme.producers.producer import NUMBER_RANGE
 from .http_types import TEXT_PATTERN, Body, ErrorBody, HistoryMessageIn
 
 ERROR_DESCRIPTIONS: dict[int, str] = {
-    400: "invalid_input: malformed JSON, a missing or unknown field, a wrong type or a bad "
-    "value (the detail names the field); nothing was written",
+    400: "invalid_input: malformed JSON, a missing or unknown field or query parameter, a wrong "
+    "type or a bad value (the detail names the field); nothing was written",
     401: "unauthenticated: no API key, or an unknown one",
     403: "forbidden: the key may not act for that owner",
     404: "not_found: no such event or node for the owner, or no such route",

@@ -1,19 +1,33 @@
-"""A query parameter given twice is refused.
+"""The query string as strictly as a body: a parameter given twice, one the route does not
+take, or a whole number written otherwise is refused.
 
 Every endpoint reads one value per query parameter, and readers disagree on which of two
 (the forwarding middleware routes by the first ``user_id``, the app would act on the
-last): ``?user_id=a&user_id=b`` is answered 400 before either reads it.
+last): ``?user_id=a&user_id=b`` is answered 400 before either reads it. A body refuses an
+unknown field; a query refuses an unknown parameter (``?limt=5`` read as no limit at all),
+and ``limit=1e3`` or ``limit=10.0``, which the lax conversion of query strings read as
+1000 and 10.
 """
 
 from __future__ import annotations
 
+import re
+import typing
 from collections import Counter
+from typing import Any
 from urllib.parse import parse_qsl
 
 import msgspec
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+from litestar.params import QueryParameter
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from prme.schemas.errors import InvalidInput, shown
+
 from .http_types import ErrorBody
+
+WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 
 
 class SingleQueryValues:
@@ -28,7 +42,7 @@ class SingleQueryValues:
         if not repeated:
             await self.app(scope, receive, send)
             return
-        names = ", ".join(repr(name) for name in repeated)
+        names = ", ".join(shown(name) for name in repeated)
         content = msgspec.json.encode(
             ErrorBody("invalid_input", f"query parameter {names} given more than once")
         )
@@ -50,3 +64,35 @@ def repeated_parameters(query: bytes) -> list[str]:
         name for name, _ in parse_qsl(query.decode(errors="replace"), keep_blank_values=True)
     )
     return sorted(name for name, count in counts.items() if count > 1)
+
+
+def check_query_parameters(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
+    """The guard of the API routes, after the one that authenticates: InvalidInput for a
+    query parameter ``handler`` does not declare, or a whole-number one that is not
+    written as digits."""
+    declared = query_parameters(handler)
+    for name, value in parse_qsl(
+        connection.scope.get("query_string", b"").decode(errors="replace"), keep_blank_values=True
+    ):
+        if name not in declared:
+            takes = ", ".join(sorted(declared)) or "none (the request's fields go in its body)"
+            raise InvalidInput(f"unknown query parameter {shown(name)}: this route takes {takes}")
+        if declared[name] and not WHOLE_NUMBER.fullmatch(value):
+            raise InvalidInput(
+                f"Expected a whole number written in digits (such as 10), got {shown(value)} "
+                f"- at query parameter `{name}`"
+            )
+
+
+def query_parameters(handler: BaseRouteHandler) -> dict[str, bool]:
+    """The query parameters ``handler`` declares, by the name a request gives them, each
+    with whether it is a whole number."""
+    declared: dict[str, bool] = {}
+    for argument, field in handler.parsed_fn_signature.parameters.items():
+        kwarg = field.kwarg_definition
+        if isinstance(kwarg, QueryParameter):
+            types = typing.get_args(field.annotation) or (field.annotation,)
+            declared[kwarg.query or kwarg.name or argument] = int in types
+    return declared

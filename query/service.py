@@ -70,7 +70,7 @@ from .http_types import (
 )
 from .observe import CALLER_STATE, RequestObserver, metrics_endpoint, status_endpoint
 from .openapi import PROTECTED_ERRORS, StrictBodySchemaPlugin, error_responses
-from .query_string import SingleQueryValues
+from .query_string import SingleQueryValues, check_query_parameters
 from .types import EventView, StoreResult
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -602,7 +602,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
         "/v1",
         route_handlers=PROTECTED,
         dependencies={"caller": Provide(provide_caller)},
-        guards=[authenticating_guard(engine, api_keys)],
+        guards=[authenticating_guard(engine, api_keys), check_query_parameters],
         security=security,
     )
     open_routes = Router("/v1", route_handlers=[health, ready, cluster, cluster_wait])

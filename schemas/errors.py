@@ -117,6 +117,19 @@ class InvalidEmbedding(PRMEError, ValueError):
     """An embedding provider reported an invalid identity or returned malformed vectors."""
 
 
+SHOWN_CHARACTERS = 64
+"""The most characters of a caller's value an error message quotes."""
+
+
+def shown(value: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """``value`` as an error message quotes what a caller sent: its ``repr``, the first
+    ``limit`` characters of a longer one with an ellipsis and the length (a 10,000-character
+    id is not sent back whole)."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 def patterns_in_words(message: str, words: Mapping[str, str]) -> str:
     """``message`` (a msgspec validation error) with each ``Expected `str` matching regex
     '<pattern>'`` of a pattern in ``words`` replaced by what the pattern means."""

@@ -200,3 +200,52 @@ async def test_ids_in_other_scripts_and_inner_spaces_are_still_ids(
     body = {"user_id": "josé", "session_id": "日本 trip", "scope": "Ωmega", "content": "x"}
     response = await http.post("/v1/memories", json=body, headers=KEY)
     assert response.status_code == 201, response.text
+
+
+# -- query parameters -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", ["1e3", "10.0", "0x10", " 5", "５", "1_000"])
+async def test_a_limit_not_written_in_digits_is_refused(
+    http: httpx.AsyncClient, engine: MemoryEngine, limit: str
+) -> None:
+    """``limit=1e3`` and ``limit=10.0`` were read as 1000 and 10 (query strings were
+    converted laxly)."""
+    params = {"user_id": "alice", "limit": limit}
+    detail = await refused(http, engine, "GET", "/v1/history", params=params)
+    assert "query parameter `limit`" in detail and "whole number" in detail
+    assert (await http.get("/v1/history", params={**params, "limit": "10"}, headers=KEY)).is_success
+
+
+async def test_an_unknown_query_parameter_is_refused_naming_it(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    """``?limt=5`` was ignored: the whole history came back, as if no limit was asked."""
+    stored = await http.post("/v1/memories", json={"user_id": "alice", "content": "x"}, headers=KEY)
+    event_id = stored.json()["event_id"]
+    cases = [
+        ("GET", "/v1/history", {"params": {"user_id": "alice", "limt": "5"}}, "'limt'"),
+        ("GET", f"/v1/events/{event_id}", {"params": {"user_id": "alice", "x": ""}}, "'x'"),
+        (
+            "DELETE",
+            f"/v1/history/messages/{event_id}",
+            {"params": {"user_id": "alice", "wiat": "false"}},
+            "'wiat'",
+        ),
+        (
+            "POST",
+            "/v1/retrieve",
+            {"params": {"top_k": "3"}, "json": {"user_id": "alice", "query": "x"}},
+            "'top_k'",
+        ),
+    ]
+    for method, path, request, named in cases:
+        detail = await refused(http, engine, method, path, **request)
+        assert f"unknown query parameter {named}" in detail, detail
+    detail = await refused(http, engine, "GET", "/v1/history", params={"user_id": "a", "y": ""})
+    assert "takes after, limit, scope, session_id, user_id" in detail
+    without_key = await http.get("/v1/history", params={"user_id": "alice", "limt": "5"})
+    assert without_key.status_code == 401  # the key first, as for a body
+    backend = service_backend(engine)  # the client sends only what the routes declare
+    assert len(await backend.history("alice", limit=5)) == 1
+    await backend.delete_message("alice", event_id, wait=False)
