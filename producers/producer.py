@@ -228,6 +228,15 @@ def replacement_request_id(session_id: str, scope: str, messages: Sequence[Messa
     return f"replace:{digest}"
 
 
+def deletion_request_id(event_id: str) -> str:
+    """The request id of the deletion of message ``event_id``: the same each time, so a
+    second delete is the first one's write (the log answers with its position and writes
+    nothing; on Kafka best effort, as for any request id) and every read model applies
+    it once. A message deleted stays deleted, so there is nothing a second delete could
+    change."""
+    return f"delete:{event_id}"
+
+
 _REQUEST_EVENTS = uuid.UUID("5f0c2a57-61f3-4bd4-9d4e-8f3b7e1a2c90")
 """The namespace of the event ids derived from request ids (any fixed UUID)."""
 
@@ -320,7 +329,13 @@ class Producer:
             check_supersede(fields.get("node_id", ""), fields.get("by_node_id", ""))
         if kind == "node_archived":
             check_reason(fields.get("reason"))
-        fields.update(kind=kind, owner=owner, event_id=new_event_id(), recorded_at=_now())
+        request_id = fields.get("request_id")
+        event_id = (
+            request_event_id(owner, request_id)
+            if isinstance(request_id, str) and request_id
+            else new_event_id()
+        )
+        fields.update(kind=kind, owner=owner, event_id=event_id, recorded_at=_now())
         return _convert(fields, record_type)[0]
 
     def build_replacement(

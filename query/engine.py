@@ -22,6 +22,7 @@ from prme.producers.producer import (
     check_history,
     check_supersede,
     dedupe_key,
+    deletion_request_id,
 )
 from prme.producers.transport import AsksFirstWrites, LogTransport, Position
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
@@ -332,7 +333,8 @@ class MemoryEngine(MemoryBackend):
     async def delete_message(
         self, user_id: str, event_id: str, *, wait: bool = True
     ) -> StoreResult:
-        """Remove one message from its chat history (the memory node is not archived)."""
+        """Remove one message from its chat history (the memory node is not archived).
+        Deleting it again writes nothing and answers with the first deletion's result."""
         check_ids(user_id=user_id, event_id=event_id)
         event = await self.get_event(event_id, user_id)
         if event.kind != "message":
@@ -343,6 +345,7 @@ class MemoryEngine(MemoryBackend):
             session_id=event.session_id,
             scope=event.scope,
             target_event_id=event_id,
+            request_id=deletion_request_id(event_id),
         )
         return await self._finish(receipt, [], wait)
 

@@ -203,3 +203,24 @@ async def test_a_retry_through_another_process_is_the_same_event_applied_once(
             await other.close()
         await engine.wait_for([receipt.position for receipt in receipts])
         assert [m.content for m in await engine.history("alice", "s1")] == ["new 0", "new 1"]
+
+
+async def test_a_second_delete_of_a_message_writes_nothing_on_kafka(
+    kafka_settings: Settings, hashed_provider: Any
+) -> None:
+    """Each delete of the same message appended a ``message_deleted`` again; now the
+    second is the first deletion's write, also after a restart (the events model knows
+    it)."""
+    async with await MemoryEngine.create(
+        settings=kafka_settings, embedding_provider=hashed_provider
+    ) as engine:
+        stored = await engine.store("gone", "alice", session_id="s1")
+        first = await engine.delete_message("alice", stored.event_id)
+        assert await engine.delete_message("alice", stored.event_id) == first
+        ends = await engine.runner.transport.end_offsets()
+    async with await MemoryEngine.open(
+        settings=kafka_settings, embedding_provider=hashed_provider
+    ) as engine:
+        assert await engine.delete_message("alice", stored.event_id) == first
+        assert await engine.runner.transport.end_offsets() == ends
+        assert await engine.history("alice", "s1") == []

@@ -249,3 +249,27 @@ async def test_an_unknown_query_parameter_is_refused_naming_it(
     backend = service_backend(engine)  # the client sends only what the routes declare
     assert len(await backend.history("alice", limit=5)) == 1
     await backend.delete_message("alice", event_id, wait=False)
+
+
+# -- repeated deletes -----------------------------------------------------------------
+
+
+async def test_deleting_a_message_again_writes_nothing_and_answers_the_first_deletion(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    """Each repeat appended another ``message_deleted`` record to the log."""
+    kept = await engine.store("kept", "alice")
+    gone = await engine.store("gone", "alice")
+    path = f"/v1/history/messages/{gone.event_id}"
+    first = await http.delete(path, params={"user_id": "alice"}, headers=KEY)
+    assert first.status_code == 200, first.text
+    size = await log_size(engine)
+    for _ in range(2):
+        again = await http.delete(path, params={"user_id": "alice"}, headers=KEY)
+        assert (again.status_code, again.json()) == (200, first.json())
+    in_process = await engine.delete_message("alice", gone.event_id)
+    assert in_process.event_id == first.json()["event_id"]
+    assert await log_size(engine) == size
+    assert [m.event_id for m in await engine.history("alice")] == [kept.event_id]
+    event = await engine.get_event(first.json()["event_id"], "alice")
+    assert (event.kind, event.record.target_event_id) == ("message_deleted", gone.event_id)
