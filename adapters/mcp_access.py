@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from prme.query.auth import Caller
 from prme.query.types import Receipt
-from prme.schemas.errors import Forbidden, NotFound
+from prme.schemas.errors import Forbidden, NotFound, shown
 
 
 class OwnerPolicy:
@@ -68,7 +68,7 @@ class Receipts:
         """The one answer for a receipt the caller may not read: unknown, expired, dropped
         or another owner's."""
         return NotFound(
-            f"no receipt {request_id!r} here: receipts live in the memory of the server "
+            f"no receipt {shown(request_id)} here: receipts live in the memory of the server "
             "that ran the recall, and only recent ones are kept"
         )
 

@@ -48,6 +48,7 @@ from prme.schemas.errors import (
     NotFound,
     PRMEError,
     Unauthenticated,
+    shown,
 )
 
 from .mcp_access import OwnerPolicy, Receipts
@@ -185,7 +186,7 @@ class PrmeMcp:
         parts = urlsplit(uri)
         segments = [unquote(s) for s in parts.path.split("/")[1:]]
         if parts.scheme != "prme" or not all(segments):
-            raise NotFound(f"unknown resource {uri!r}")
+            raise NotFound(f"unknown resource {shown(uri)}")
         if parts.netloc == "receipts" and len(segments) == 1:
             receipt = await self.tools.receipt(segments[0], caller)
             return msgspec.json.encode(receipt).decode()
@@ -194,7 +195,9 @@ class PrmeMcp:
             query = parse_qs(parts.query, keep_blank_values=True)
             unknown = set(query) - {"scope"}
             if unknown:
-                raise InvalidInput(f"unknown query parameter {sorted(unknown)[0]!r} in {uri!r}")
+                raise InvalidInput(
+                    f"unknown query parameter {shown(sorted(unknown)[0])} in {shown(uri)}"
+                )
             scopes = query.get("scope", ["default"])
             if len(scopes) > 1:
                 raise InvalidInput("query parameter 'scope' given more than once")
@@ -205,7 +208,7 @@ class PrmeMcp:
                 args.user_id, args.session_id, scope=args.scope
             )
             return msgspec.json.encode(messages).decode()
-        raise NotFound(f"unknown resource {uri!r}")
+        raise NotFound(f"unknown resource {shown(uri)}")
 
 
 def history_uri(user_id: str, session_id: str, scope: str = "default") -> str:

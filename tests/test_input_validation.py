@@ -273,3 +273,66 @@ async def test_deleting_a_message_again_writes_nothing_and_answers_the_first_del
     assert [m.event_id for m in await engine.history("alice")] == [kept.event_id]
     event = await engine.get_event(first.json()["event_id"], "alice")
     assert (event.kind, event.record.target_event_id) == ("message_deleted", gone.event_id)
+
+
+# -- long ids -------------------------------------------------------------------------
+
+
+async def test_a_path_id_over_the_length_limit_is_refused_before_lookup_without_its_echo(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    long = "e" * 10_000
+    cases = [
+        ("GET", f"/v1/events/{long}", {"params": {"user_id": "alice"}}, "event_id"),
+        ("GET", f"/v1/events/{long}/nodes", {"params": {"user_id": "alice"}}, "event_id"),
+        ("DELETE", f"/v1/history/messages/{long}", {"params": {"user_id": "alice"}}, "event_id"),
+        ("POST", f"/v1/nodes/mem:{long}/archive", {"json": {"user_id": "alice"}}, "node_id"),
+        ("POST", f"/v1/nodes/mem:{long}/restore", {"json": {"user_id": "alice"}}, "node_id"),
+        (
+            "POST",
+            f"/v1/nodes/mem:{long}/supersede",
+            {"json": {"user_id": "alice", "by_node_id": "mem:x"}},
+            "node_id",
+        ),
+    ]
+    for method, path, request, named in cases:
+        detail = await refused(http, engine, method, path, **request)
+        assert detail == f"Expected `str` of length <= 256 - at path parameter `{named}`"
+
+
+async def test_query_string_errors_quote_a_long_value_cut_short(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    """``?<10,000 characters>=1&<the same>=2`` was sent back whole in the detail."""
+    name = "q" * 10_000
+    repeated = await http.get("/v1/history", params=[(name, "1"), (name, "2")], headers=KEY)
+    assert repeated.status_code == 400 and len(repeated.text) < 300, repeated.text
+    assert "'qqqq" in repeated.text and "... (10000 characters)" in repeated.text
+    unknown = await refused(http, engine, "GET", "/v1/history", params={"user_id": "a", name: ""})
+    assert len(unknown) < 300 and "(10000 characters)" in unknown
+    limit = await refused(
+        http, engine, "GET", "/v1/history", params={"user_id": "a", "limit": "9" * 9_999 + "x"}
+    )
+    assert len(limit) < 300 and "(10000 characters)" in limit
+
+
+async def test_an_mcp_resource_that_does_not_exist_is_named_cut_short(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    from prme import AsyncMemoryClient
+    from prme.adapters.mcp_server import PrmeMcp
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+    from prme.query.auth import Caller
+    from prme.schemas.config import Settings
+    from prme.schemas.errors import NotFound
+
+    long = "r" * 10_000
+    provider = HashedBagOfWordsProvider()
+    async with AsyncMemoryClient(tmp_path / "pack", embedding_provider=provider) as client:
+        server = PrmeMcp(client, Settings(), transport="stdio")
+        for uri in (f"prme://receipts/{long}", f"prme://nowhere/{long}"):
+            with pytest.raises(NotFound) as missing:
+                await server._resource_body(uri, Caller("*"))
+            assert len(str(missing.value)) < 300 and "(10" in str(missing.value)
+        with pytest.raises(InvalidInput) as unknown:
+            await server._resource_body(f"prme://history/mo/s?{long}=1", Caller("*"))
+        assert len(str(unknown.value)) < 300
