@@ -49,7 +49,14 @@ from prme.schemas.tracing import Tracing
 from .backend import MemoryBackend
 from .cluster import ClusterRouter
 from .data_lock import DataDirLock
-from .http_types import MAX_TOP_K, RetrieveRequest, StoreRequest, check_ids, checked
+from .http_types import (
+    MAX_TOP_K,
+    RetrieveRequest,
+    StoreRequest,
+    check_erasable,
+    check_ids,
+    checked,
+)
 from .pack_config import (
     LogIdentity,
     PackConfig,
@@ -388,7 +395,7 @@ class MemoryEngine(MemoryBackend):
         data keys: the log keeps the owner's records as envelopes only (docs/ARCHITECTURE.md,
         "Erasure"). The marker goes first, so a crash in between leaves the key; erasing
         again deletes it."""
-        check_ids(user_id=user_id)
+        check_erasable(user_id)
         receipt = await self._producer.append_control("owner_erased", user_id)
         await self.runner.keys.erase(user_id)
         await self._transport.forget_dedupe(dedupe_key(user_id, ""))

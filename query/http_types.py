@@ -21,7 +21,7 @@ from prme.producers.producer import (
 from prme.producers.transport import Position
 from prme.schemas.cluster import ClusterMember, TopicRefused
 from prme.schemas.errors import InvalidInput, patterns_in_words
-from prme.schemas.records import ID_PATTERN, USER_ID_PATTERN, Role, UserIdField
+from prme.schemas.records import ID_PATTERN, USER_ID_PATTERN, OwnerId, Role, UserIdField
 
 from .fusion import FusionName
 from .types import Bundle, MemoryResult, Receipt
@@ -86,6 +86,16 @@ def check_ids(**ids: object) -> None:
         except msgspec.ValidationError as error:
             reason = patterns_in_words(str(error), PATTERN_WORDS)
             raise InvalidInput(f"invalid {name}: {reason} - at `{name}`") from None
+
+
+def check_erasable(user_id: object) -> None:
+    """An owner id as erasure takes it: any id a record may hold (the record's own rule),
+    so an owner written before ids refused invisible characters can still be erased."""
+    try:
+        msgspec.convert(user_id, OwnerId)
+    except msgspec.ValidationError as error:
+        reason = patterns_in_words(str(error), PATTERN_WORDS)
+        raise InvalidInput(f"invalid user_id: {reason} - at `user_id`") from None
 
 
 def checked(request: BodyT) -> BodyT:

@@ -38,7 +38,7 @@ from prme.schemas.errors import (
     Unauthenticated,
     patterns_in_words,
 )
-from prme.schemas.records import Message
+from prme.schemas.records import OWNER_PATTERN, Message
 
 from .auth import ApiKeys, Caller
 from .cluster import NotOwner
@@ -139,6 +139,16 @@ UserId = Annotated[
         min_length=1,
         max_length=256,
         pattern=USER_ID_PATTERN,
+    ),
+]
+ErasedUserId = Annotated[
+    str,
+    QueryParameter(
+        description="the owner erased (1-256 characters, no surrounding space: any owner a "
+        "record may name, so one written before ids refused invisible characters too)",
+        min_length=1,
+        max_length=256,
+        pattern=OWNER_PATTERN,
     ),
 ]
 Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]
@@ -364,7 +374,7 @@ async def supersede(
     responses=PROTECTED_ERRORS,
 )
 async def erase_owner(
-    user_id: UserId, engine: EngineDep, caller: CallerDep, wait: Wait = True
+    user_id: ErasedUserId, engine: EngineDep, caller: CallerDep, wait: Wait = True
 ) -> StoreResult:
     caller.authorize(user_id)
     return await engine.erase_owner(user_id, wait=wait)

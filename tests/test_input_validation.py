@@ -336,3 +336,34 @@ async def test_an_mcp_resource_that_does_not_exist_is_named_cut_short(tmp_path: 
         with pytest.raises(InvalidInput) as unknown:
             await server._resource_body(f"prme://history/mo/s?{long}=1", Caller("*"))
         assert len(str(unknown.value)) < 300
+
+
+async def test_an_owner_written_before_ids_refused_invisible_characters_can_be_erased(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    """Found reviewing the id rule: reads refuse such an owner, and erasure refused it too,
+    so an owner an earlier version stored could never be erased."""
+    from prme.producers.transport import LogItem
+    from prme.schemas.codec import encode_record
+
+    from .record_builders import msg
+
+    owner = "alice\u200b"
+    transport = engine.runner.transport
+    written = await transport.append(LogItem(owner.encode(), encode_record(msg("e", "x", owner))))
+    await engine.wait_for([written])
+    shard = await engine.runner.shard_for(owner)
+
+    async def history() -> list[Any]:
+        found: list[Any] = await shard.call(
+            "history", lambda model: model.messages(owner, "s1", "default")
+        )
+        return found
+
+    assert len(await history()) == 1
+    erased = await http.delete("/v1/owners", params={"user_id": owner}, headers=KEY)
+    assert erased.status_code == 200, erased.text
+    assert await history() == []
+    await engine.erase_owner(owner)  # in-process too
+    detail = await refused(http, engine, "DELETE", "/v1/owners", params={"user_id": " alice"})
+    assert "user_id" in detail
