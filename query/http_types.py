@@ -21,7 +21,13 @@ from prme.producers.producer import (
 from prme.producers.transport import Position
 from prme.schemas.cluster import ClusterMember, TopicRefused
 from prme.schemas.errors import InvalidInput, patterns_in_words
-from prme.schemas.records import ID_PATTERN, USER_ID_PATTERN, OwnerId, Role, UserIdField
+from prme.schemas.records import (
+    ERASABLE_OWNER_PATTERN,
+    ID_PATTERN,
+    USER_ID_PATTERN,
+    Role,
+    UserIdField,
+)
 
 from .fusion import FusionName
 from .types import Bundle, MemoryResult, Receipt
@@ -88,11 +94,15 @@ def check_ids(**ids: object) -> None:
             raise InvalidInput(f"invalid {name}: {reason} - at `{name}`") from None
 
 
+ErasableOwnerId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=256, pattern=ERASABLE_OWNER_PATTERN)
+]
+
+
 def check_erasable(user_id: object) -> None:
-    """An owner id as erasure takes it: any id a record may hold (the record's own rule),
-    so an owner written before ids refused invisible characters can still be erased."""
+    """An owner id as erasure takes it (``ERASABLE_OWNER_PATTERN``)."""
     try:
-        msgspec.convert(user_id, OwnerId)
+        msgspec.convert(user_id, ErasableOwnerId)
     except msgspec.ValidationError as error:
         reason = patterns_in_words(str(error), PATTERN_WORDS)
         raise InvalidInput(f"invalid user_id: {reason} - at `user_id`") from None

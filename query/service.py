@@ -38,7 +38,7 @@ from prme.schemas.errors import (
     Unauthenticated,
     patterns_in_words,
 )
-from prme.schemas.records import OWNER_PATTERN, Message
+from prme.schemas.records import ERASABLE_OWNER_PATTERN, Message
 
 from .auth import ApiKeys, Caller
 from .cluster import NotOwner
@@ -144,11 +144,11 @@ UserId = Annotated[
 ErasedUserId = Annotated[
     str,
     QueryParameter(
-        description="the owner erased (1-256 characters, no surrounding space: any owner a "
-        "record may name, so one written before ids refused invisible characters too)",
+        description="the owner erased (1-256 characters, no control characters, no "
+        "surrounding space: one written before ids refused invisible characters too)",
         min_length=1,
         max_length=256,
-        pattern=OWNER_PATTERN,
+        pattern=ERASABLE_OWNER_PATTERN,
     ),
 ]
 Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]

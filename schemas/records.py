@@ -35,6 +35,13 @@ USER_ID_PATTERN = (
 refuses them), no whitespace at either end (the record's own rule). ``(?!\n)$`` is the end
 of the text in Python's regex too (a bare ``$`` there also matches before a final newline,
 which let ``"alice\n"`` through)."""
+CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"
+ERASABLE_OWNER_PATTERN = (
+    rf"^[^\s{CONTROL_CHARACTERS}](?:[^{CONTROL_CHARACTERS}]*[^\s{CONTROL_CHARACTERS}])?(?!\n)$"
+)
+"""An owner id as erasure takes it: no control characters (refused since before ids refused
+invisible ones), no whitespace at either end; so an owner an earlier version stored with
+an invisible character can still be erased."""
 ID_PATTERN = rf"^[^{UNSEEN_CHARACTERS}]+(?!\n)$"
 """A session, scope, event, node or request id as the API takes it: no control or
 invisible characters."""
