@@ -234,6 +234,8 @@ class ProjectorRunner:
         self._map_at = 0.0
         """When the newest map arrived (monotonic)."""
         self._probe_every_s = PROBE_EVERY_S
+        self._probed_ready: set[int] = set()
+        """The warm-ups this node's last probe said were ready, until the next map."""
         self._served_last: set[int] = set()
         """The partitions this node served when the rebalance in progress revoked them."""
         self._standby_waits: dict[int, tuple[int, float]] = {}
@@ -450,12 +452,13 @@ class ProjectorRunner:
         if mine is not None:
             self.standbys.want(set(mine.standbys) | set(mine.warmups), set(mine.partitions))
         warmups = set(mine.warmups) if mine is not None else set()
-        if warmups & self._warmups and self._probed[0] >= 0:
-            # The plan after this node's probe kept them: the owner's copy ran ahead while
-            # the group rebalanced (writes). Back off, as Kafka Streams' probing timer would.
+        if warmups & self._probed_ready:
+            # A plan after this node's probe kept copies it said were ready (the owner ran
+            # ahead while the group rebalanced): back off, as Kafka Streams' timer would.
             self._probe_every_s = min(PROBE_MAX_S, 2 * self._probe_every_s)
         elif not warmups & self._warmups:
             self._probe_every_s = PROBE_EVERY_S
+        self._probed_ready = set()
         self._warmups = warmups
         standbys = len(set(mine.standbys) - warmups) if mine else 0
         self.metrics.cluster_partitions.labels("standby").set(standbys)
@@ -485,6 +488,7 @@ class ProjectorRunner:
         if ready != self._warmups and now - self._map_at < PROBE_AFTER_S:
             return
         self._probed = (cluster_map.generation, now)
+        self._probed_ready = ready
         _log.info(
             "warm-up copies of partitions %s caught up: asking the group to plan again",
             sorted(ready),

@@ -146,6 +146,7 @@ class ForwardingMiddleware:
         )
         clock = asyncio.get_running_loop()
         deadline = clock.time() + timeout_s
+        resendable = _resendable(route, body)
         while True:
             try:
                 response = await self.router.forward(
@@ -156,7 +157,7 @@ class ForwardingMiddleware:
                     body=body,
                     headers=headers,
                     timeout_s=max(0.0, deadline - clock.time()),
-                    resendable=_resendable(route, body),
+                    resendable=resendable,
                 )
             except NotOwner as error:
                 refused = (NodeRefused, HopBroken, HopRefused)

@@ -322,3 +322,57 @@ async def test_a_restarted_node_claims_its_shards_as_far_as_they_were_applied(
         await transport.close()
     assert sorted(applied) == [0, 1, 2] and all(offset > 0 for offset in applied.values())
     assert stored_offsets(Path(settings.data_dir)) == applied
+
+
+async def test_a_node_backs_off_when_a_plan_keeps_the_warm_ups_it_said_were_ready(
+    local_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the review of the back-off: any map overlapping the last warm-ups doubled the
+    wait, after any probe ever (a map for another node's join too)."""
+    from prme.producers.factory import open_transport
+    from prme.projectors import runner as runner_module
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+    from prme.projectors.runner import PROBE_EVERY_S, ProjectorRunner
+    from prme.schemas.cluster import ClusterMap, ClusterMember
+
+    clock = [1000.0]
+    monkeypatch.setattr(runner_module.time, "monotonic", lambda: clock[0])
+    from prme.schemas.metrics import Metrics
+
+    transport = open_transport(local_settings)
+    runner = ProjectorRunner(
+        local_settings, transport, HashedBagOfWordsProvider(), metrics=Metrics(enabled=True)
+    )
+    runner.url = "http://me:1"
+    runner._consumer = transport.consumer("g", None)
+    probes = runner.metrics.warmup_probes
+
+    def plan(generation: int, warmups: list[int]) -> None:
+        member = ClusterMember(url=runner.url, standbys=warmups, warmups=warmups)
+        runner._on_map(ClusterMap(generation=generation, partitions=4, members=[member]))
+
+    try:
+        plan(1, [3])
+        runner.standbys.caught_up = {3}
+        runner._probe_when_warm()
+        assert probes._value.get() == 1
+        plan(2, [3])  # the plan after the probe kept partition 3: wait twice as long
+        clock[0] += PROBE_EVERY_S + 1
+        runner._probe_when_warm()
+        assert probes._value.get() == 1
+        clock[0] += PROBE_EVERY_S
+        runner._probe_when_warm()
+        assert probes._value.get() == 2
+        plan(3, [2, 3])  # another node joined: the same warm-up kept, but no probe of ours
+        plan(4, [2, 3])
+        runner.standbys.caught_up = {2, 3}
+        clock[0] += 4 * PROBE_EVERY_S + 1
+        runner._probe_when_warm()
+        assert probes._value.get() == 3
+        plan(5, [1])  # the plan moved them: new warm-ups, the wait starts over
+        runner.standbys.caught_up = {1}
+        clock[0] += PROBE_EVERY_S + 1
+        runner._probe_when_warm()
+        assert probes._value.get() == 4
+    finally:
+        await runner.standbys.close()
