@@ -97,6 +97,15 @@ class Node:
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         return httpx.get(self.url + path, headers=ADMIN, timeout=30, **kwargs)
 
+    def view(self) -> dict[str, Any] | None:
+        """This node's ``GET /v1/cluster``, or None while it does not answer one: not
+        listening yet, or answering 503 while it starts."""
+        try:
+            response = self.get("/v1/cluster")
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
     def status(self, *options: str) -> subprocess.CompletedProcess[str]:
         """``prme status [options]`` of this node, with the admin key."""
         command = [sys.executable, "-m", "prme.cli", "status", *options, "--url", self.url]
@@ -140,12 +149,7 @@ def wait_split(nodes: Sequence[Node], partitions: int, timeout_s: float = 120.0)
     deadline = time.monotonic() + timeout_s
     urls = {n.url for n in nodes}
     while True:
-        views = []
-        for node in nodes:
-            try:
-                views.append(node.get("/v1/cluster").json())
-            except httpx.HTTPError:
-                views.append(None)
+        views = [node.view() for node in nodes]
         owned = [
             sorted(p for m in v["members"] if m["url"] in urls for p in m["partitions"])
             for v in views
