@@ -36,29 +36,20 @@ from prme.schemas.metrics import Metrics
 from .http_client import error_from_response
 from .http_types import (
     CALLER_HEADER,
-    NODE_KEEP_ALIVE_S,
     NOT_OWNER_HEADER,
     SECRET_HEADER,
     WaitRequest,
 )
+from .pooled_http import ResendingPool
+from .routes import is_repeatable
 
 MAP_POLL_S = 0.5
 """How often a serve-only node re-reads the map while a request waits on a rebalance."""
 MAP_REFRESH_S = 5.0
 """How often a serve-only node re-reads the map otherwise."""
 _log = logging.getLogger("prme.cluster")
-HOP_KEEPALIVE_S = NODE_KEEP_ALIVE_S / 2
-"""How long a pooled connection to another node is kept idle: well before the node closes
-it (``NODE_KEEP_ALIVE_S``). At the same 5 s a request sent as both ran out met the close
-and failed before the node read it."""
 REFUSAL_LOG_EVERY_S = 60.0
 """A hop refused for the cluster secret is logged at most this often per peer."""
-
-
-def is_repeatable(method: str, target: str) -> bool:
-    """Whether sending the request twice is harmless (reads, and waits)."""
-    path = target.partition("?")[0]
-    return method == "GET" or path in ("/v1/retrieve", "/v1/cluster/wait")
 
 
 class NotOwner(ShardUnavailable):
@@ -117,18 +108,7 @@ class ClusterRouter:
         timeout = httpx.Timeout(
             settings.cluster.forward_timeout_s, connect=min(settings.cluster.forward_timeout_s, 5.0)
         )
-        self._http = httpx.AsyncClient(
-            timeout=timeout,
-            limits=httpx.Limits(
-                max_keepalive_connections=64,
-                max_connections=256,
-                keepalive_expiry=HOP_KEEPALIVE_S,
-            ),
-        )
-        self._unpooled = httpx.AsyncClient(
-            timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0)
-        )
-        """Resends a request whose pooled connection broke: on a new connection each."""
+        self._http = ResendingPool(timeout=timeout, max_connections=256)
 
     async def start(self) -> None:
         if not self._secret and self.settings.log.transport == "kafka":
@@ -156,7 +136,6 @@ class ClusterRouter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._poller
         await self._http.aclose()
-        await self._unpooled.aclose()
 
     # -- the map -----------------------------------------------------------------------
 
@@ -395,38 +374,21 @@ class ClusterRouter:
         timeout_s: float,
         resendable: bool,
     ) -> httpx.Response:
-        """One request to another node, within ``timeout_s``. The owner may close a pooled
-        connection (its keep-alive ran out, it restarted) just as a request is sent on it:
-        the request fails before any answer, most often without reaching the owner's app,
-        though the hop cannot tell. A ``resendable`` request that broke so on a pooled
-        connection is sent once more, on a new connection, in what is left of
-        ``timeout_s``; another is raised (a write of unknown outcome)."""
-        loop = asyncio.get_running_loop()
-        ends = loop.time() + timeout_s
-        opened: list[str] = []
+        """One request to another node, within ``timeout_s``; a ``resendable`` one whose
+        pooled connection broke before any answer is sent once more (``pooled_http``)."""
 
-        async def trace(event: str, info: Mapping[str, object]) -> None:
-            if event == "connection.connect_tcp.started":  # not a pooled connection
-                opened.append(event)
-
-        try:
-            return await self._http.request(
-                method,
-                url,
-                content=body,
-                headers=headers,
-                timeout=timeout_s,
-                extensions={"trace": trace},
-            )
-        except (httpx.NetworkError, httpx.RemoteProtocolError) as error:
-            left = ends - loop.time()
-            broken = not isinstance(error, httpx.ConnectError)
-            if not (resendable and broken and not opened and left > 0):
-                raise
+        def resent(error: BaseException) -> None:
             _log.info("a pooled connection to %s broke (%r); sending it again", url, error)
             self.metrics.cluster_forwards.labels("resent").inc()
-        return await self._unpooled.request(
-            method, url, content=body, headers=headers, timeout=left
+
+        return await self._http.request(
+            method,
+            url,
+            content=body,
+            headers=headers,
+            timeout_s=timeout_s,
+            resendable=resendable,
+            on_resend=resent,
         )
 
     async def wait_applied(self, partition: int, offset: int, timeout_s: float) -> None:

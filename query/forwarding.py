@@ -12,7 +12,7 @@ whose owner cannot be found within ``WRITE_OWNER_WAIT_S``, or refuses the connec
 appended here (the log takes it; the answer says whether it was applied); a write the hop
 may have delivered (504) or whose owner refused this node's secret (503) is not. A write
 whose pooled connection to the owner broke before the answer is sent once more, on a new
-connection, when its request ids make that harmless (``_Route.request_ids``). A batch of
+connection, when its request ids make that harmless (``Route.request_ids``). A batch of
 several owners' memories is appended by the node it reaches.
 A request another node forwarded is served here or refused with 503 ``not_owner`` (never
 forwarded twice), so a stale map costs a retry, not a loop.
@@ -21,8 +21,7 @@ forwarded twice), so a stale map costs a retry, not a loop.
 from __future__ import annotations
 
 import asyncio
-import re
-from typing import Any, Literal, NamedTuple
+from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
@@ -39,42 +38,13 @@ from litestar.types import (
 from prme.schemas.errors import Unauthenticated
 
 from .auth import ApiKeys, Caller
-from .cluster import ClusterRouter, HopBroken, HopRefused, NodeRefused, NotOwner, is_repeatable
+from .cluster import ClusterRouter, HopBroken, HopRefused, NodeRefused, NotOwner
 from .http_types import FORWARDED_BY_HEADER, NOT_OWNER_HEADER, SERVED_BY_HEADER, ErrorBody
+from .routes import Route, carries_request_ids, is_repeatable, route_of
 
 WRITE_OWNER_WAIT_S = 2.0
 """How long a write waits for its owner to be found (a rebalance) before it is appended
 by the node it reached."""
-
-
-class _Route(NamedTuple):
-    method: str
-    path: re.Pattern[str]
-    owner_in: Literal["body", "query", "batch"]
-    """Where the request names its owner: ``user_id`` in the body or the query, or the one
-    ``user_id`` of every message of a batch."""
-    appended_here: bool
-    """A write this node appends itself when no owner can be reached (nothing was sent)."""
-    request_ids: Literal["body", "every", "any", "none"] = "none"
-    """Where a write carries the request ids that make it harmless to send twice (the
-    owner answers a repeat with the first write): the body's, every message's, any
-    message's (a history replacement is one idempotent write when one has one), none."""
-
-
-_ROUTES: tuple[_Route, ...] = (
-    _Route("POST", re.compile(r"/v1/retrieve"), "body", False),
-    _Route("GET", re.compile(r"/v1/history"), "query", False),
-    _Route("GET", re.compile(r"/v1/events/[^/]+(/nodes)?"), "query", False),
-    _Route("DELETE", re.compile(r"/v1/history/messages/[^/]+"), "query", False),
-    _Route("POST", re.compile(r"/v1/nodes/[^/]+/(archive|restore|supersede)"), "body", False),
-    _Route("POST", re.compile(r"/v1/memories"), "body", True, "body"),
-    _Route("POST", re.compile(r"/v1/history/messages"), "body", True, "every"),
-    _Route("POST", re.compile(r"/v1/history/replace"), "body", True, "any"),
-    _Route("POST", re.compile(r"/v1/history/clear"), "body", True),
-    _Route("POST", re.compile(r"/v1/memories/batch"), "batch", True, "every"),
-    _Route("DELETE", re.compile(r"/v1/owners"), "query", True),
-)
-"""The requests the owner's node answers."""
 
 
 class _Owner(msgspec.Struct):
@@ -85,14 +55,8 @@ class _Batch(msgspec.Struct):
     messages: list[_Owner] = []
 
 
-class _Keyed(msgspec.Struct):
-    request_id: Any = None
-    messages: list[_Keyed] = []
-
-
 _owner_of_body = msgspec.json.Decoder(_Owner)
 _owners_of_batch = msgspec.json.Decoder(_Batch)
-_keyed = msgspec.json.Decoder(_Keyed)
 
 
 class ForwardingMiddleware:
@@ -112,7 +76,7 @@ class ForwardingMiddleware:
             await self.app(scope, receive, send)
             return
         stamped = self._stamp(send)
-        route = _route(str(scope.get("method", "")), str(scope.get("path", "")))
+        route = route_of(str(scope.get("method", "")), str(scope.get("path", "")))
         if route is None:
             await self.app(scope, receive, stamped)
             return
@@ -146,7 +110,7 @@ class ForwardingMiddleware:
         )
         clock = asyncio.get_running_loop()
         deadline = clock.time() + timeout_s
-        resendable = _resendable(route, body)
+        resendable = carries_request_ids(route, body)
         while True:
             try:
                 response = await self.router.forward(
@@ -200,7 +164,7 @@ class ForwardingMiddleware:
         return caller if caller.is_admin or caller.owner == owner else None
 
     async def _serve_hop(
-        self, partition: int, route: _Route, scope: Scope, receive: Receive, send: Send
+        self, partition: int, route: Route, scope: Scope, receive: Receive, send: Send
     ) -> None:
         # A write needs the owner, not a caught-up partition: it is appended at once (its
         # read-your-writes wait is the app's), as it was before writes were forwarded.
@@ -253,14 +217,7 @@ class ForwardingMiddleware:
         return stamped
 
 
-def _route(method: str, path: str) -> _Route | None:
-    for route in _ROUTES:
-        if method == route.method and route.path.fullmatch(path):
-            return route
-    return None
-
-
-def _owner(scope: Scope, body: bytes, route: _Route) -> str | None:
+def _owner(scope: Scope, body: bytes, route: Route) -> str | None:
     """The owner a request names (None: the app answers the request)."""
     if route.owner_in == "query":
         values = parse_qs(scope.get("query_string", b"").decode(errors="replace")).get("user_id")
@@ -272,20 +229,6 @@ def _owner(scope: Scope, body: bytes, route: _Route) -> str | None:
         return _owner_of_body.decode(body).user_id or None
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None  # the app answers it (400), counted and logged as such
-
-
-def _resendable(route: _Route, body: bytes) -> bool:
-    """Whether the write carries the request ids that make it harmless to send twice."""
-    if route.request_ids == "none":
-        return False
-    try:
-        write = _keyed.decode(body)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        return False
-    if route.request_ids == "body":
-        return write.request_id is not None
-    ids = [message.request_id is not None for message in write.messages]
-    return any(ids) if route.request_ids == "any" else bool(ids) and all(ids)
 
 
 def _headers(scope: Scope) -> dict[str, str]:

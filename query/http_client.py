@@ -38,6 +38,8 @@ from .http_types import (
     check_ids,
     format_token,
 )
+from .pooled_http import ResendingPool
+from .routes import safe_to_resend
 from .types import EventView, RetrieveResponse, StoreResult
 
 T = TypeVar("T")
@@ -68,7 +70,7 @@ class HttpMemoryBackend(MemoryBackend):
         if not seeds:
             raise InvalidInput("url: give at least one node URL")
         self._routes = ClusterRoutes([u.rstrip("/") for u in seeds])
-        self._http = httpx.AsyncClient(
+        self._http = ResendingPool(
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
             transport=transport,
@@ -237,14 +239,21 @@ class HttpMemoryBackend(MemoryBackend):
         owner: str | None,
     ) -> httpx.Response:
         """Send to the owner's node; on a stale map (forwarded, not the owner, node gone)
-        read the map again and, once, resend to the node it names."""
+        read the map again and, once, resend to the node it names. A read, or a write with
+        its request ids, whose pooled connection broke before any answer is sent once more
+        on a new connection (``pooled_http``)."""
         for attempt in (0, 1):
             if self._routes.stale:
                 await self._routes.refresh(self._http)
             node = self._routes.node_for(owner)
             try:
                 response = await self._http.request(
-                    method, f"{node}/v1/{path}", content=content, params=params, headers=headers
+                    method,
+                    f"{node}/v1/{path}",
+                    content=content,
+                    params=params,
+                    headers=headers,
+                    resendable=safe_to_resend(method, f"/v1/{path}", content),
                 )
             except httpx.InvalidURL as error:  # nothing was sent: an id too long for a URL
                 raise InvalidInput(
@@ -297,7 +306,7 @@ class ClusterRoutes:
         self._down.add(node)
         self.stale = True
 
-    async def refresh(self, http: httpx.AsyncClient) -> None:
+    async def refresh(self, http: ResendingPool) -> None:
         """Read ``GET /v1/cluster`` from the first node that answers (seeds first, then
         the members the last map named); keep the old map if none does."""
         candidates = list(dict.fromkeys([*self.seeds, *self._owners.values()]))

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from prme.query.cluster import is_repeatable
 from prme.query.forwarding import _read_body
 from prme.query.http_client import ClusterRoutes
+from prme.query.routes import is_repeatable, safe_to_resend
 from prme.query.serve import advertised_url
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
@@ -64,6 +64,21 @@ def test_only_reads_and_waits_are_resent_after_a_broken_connection() -> None:
     assert is_repeatable("POST", "/v1/cluster/wait")
     assert not is_repeatable("DELETE", "/v1/history/messages/e1?user_id=a")
     assert not is_repeatable("POST", "/v1/nodes/mem:1/archive")
+
+
+def test_a_write_is_safe_to_resend_only_with_the_request_ids_its_route_names() -> None:
+    keyed, plain = b'{"user_id":"a","request_id":"r"}', b'{"user_id":"a"}'
+    assert safe_to_resend("GET", "/v1/history?user_id=a", None)
+    assert safe_to_resend("POST", "/v1/memories", keyed)
+    assert not safe_to_resend("POST", "/v1/memories", plain)
+    assert not safe_to_resend("POST", "/v1/memories", b"not json")
+    every = b'{"messages":[{"request_id":"r0"},{"request_id":"r1"}]}'
+    half = b'{"messages":[{"request_id":"r0"},{}]}'
+    assert safe_to_resend("POST", "/v1/history/messages", every)
+    assert not safe_to_resend("POST", "/v1/history/messages", half)
+    assert safe_to_resend("POST", "/v1/history/replace", half)  # one idempotent write
+    assert not safe_to_resend("POST", "/v1/history/clear", keyed)
+    assert not safe_to_resend("DELETE", "/v1/owners?user_id=a", None)
 
 
 def _free_port_below_a_taken_one() -> tuple[int, socket.socket]:

@@ -21,11 +21,13 @@ import msgspec
 import pytest
 
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
-from prme.query.cluster import HOP_KEEPALIVE_S
 from prme.query.engine import MemoryEngine
+from prme.query.http_client import HttpMemoryBackend
 from prme.query.http_types import NODE_KEEP_ALIVE_S
+from prme.query.pooled_http import POOL_KEEPALIVE_S
 from prme.query.service import create_app
 from prme.schemas.config import Settings
+from prme.schemas.errors import TransportError
 
 from .service_harness import running_service
 
@@ -355,13 +357,13 @@ async def test_the_hop_pool_lets_an_idle_connection_go_well_before_a_node_closes
     """httpx kept an idle hop connection 5 s and a node (uvicorn) closes one idle 5 s: a
     write sent on it as both ran out met the close (against uvicorn with both at 1 s, 2 of
     80 writes sent at that instant failed with ReadError, before any byte reached the app).
-    The hop pool now lets one go after ``HOP_KEEPALIVE_S``, half the node's keep-alive."""
-    assert HOP_KEEPALIVE_S <= NODE_KEEP_ALIVE_S / 2
+    The hop pool now lets one go after ``POOL_KEEPALIVE_S``, half the node's keep-alive."""
+    assert POOL_KEEPALIVE_S <= NODE_KEEP_ALIVE_S / 2
     standin = StandIn([answer(201, STORED)])
     async with stand_in(standin), forwarder(tmp_path, standin) as node:
         write = {"user_id": node.owner, "content": "a"}
         assert (await node.http.post("/v1/memories", json=write)).status_code == 201
-        await asyncio.sleep(HOP_KEEPALIVE_S + 0.5)  # the idle time under test
+        await asyncio.sleep(POOL_KEEPALIVE_S + 0.5)  # the idle time under test
         assert (await node.http.post("/v1/memories", json=write)).status_code == 201
         assert standin.connections == 2
 
@@ -381,3 +383,40 @@ def test_a_node_keeps_an_idle_connection_open_its_keep_alive(tmp_path: Path) -> 
                 pass
             held = time.monotonic() - idle_from
     assert NODE_KEEP_ALIVE_S - 0.5 <= held < NODE_KEEP_ALIVE_S + 5, held
+
+
+async def by_method(hop: Hop, writer: asyncio.StreamWriter) -> bool:
+    """A write is stored (201), a read finds nothing (200, [])."""
+    stored = hop.request_line.startswith(b"POST ")
+    return await (answer(201, STORED) if stored else answer(200, []))(hop, writer)
+
+
+async def test_the_client_resends_a_read_or_keyed_write_whose_pooled_connection_dropped() -> None:
+    """From the last review: the client (``AsyncMemoryClient`` over HTTP) had the hop's race.
+    A node closing a pooled connection as the next request went out on it failed a keyed
+    write or a read with a TransportError; now each is sent once more on a new connection.
+    A write without request id is still raised (it may have arrived)."""
+    standin = StandIn([by_method])
+    async with stand_in(standin), HttpMemoryBackend(standin.url) as client:
+        await client.store("opens a connection", "u1", request_id="r-a")
+        assert standin.connections == 1
+
+        standin.drop_next_on.add(standin.connections)
+        stored = await client.store("b", "u1", request_id="r-b")
+        assert stored.event_id == "e1"
+        assert (standin.connections, standin.dropped_on_arrival) == (2, 1)
+        assert msgspec.json.decode(standin.hops[-1].body)["request_id"] == "r-b"
+
+        assert await client.history("u1") == []  # a pooled connection again: the 3rd
+        standin.drop_next_on.add(standin.connections)
+        assert await client.history("u1") == []
+        assert (standin.connections, standin.dropped_on_arrival) == (4, 2)
+        assert standin.hops[-1].request_line.startswith(b"GET /v1/history?")
+
+        assert await client.history("u1") == []  # the 5th
+        standin.drop_next_on.add(standin.connections)
+        sent = len(standin.hops)
+        with pytest.raises(TransportError):
+            await client.store("c", "u1")
+        assert (standin.connections, standin.dropped_on_arrival) == (5, 3)
+        assert [h for h in standin.hops[sent:] if h.request_line.startswith(b"POST")] == []
