@@ -14,7 +14,7 @@ import pytest
 from prme import MemoryEngine
 from prme.projectors.runner import remove_stale_staging
 from prme.projectors.shard import shard_directory
-from prme.projectors.state_cleanup import StateCleaner
+from prme.projectors.state_cleanup import DISCARDED_SUFFIX, StateCleaner
 from prme.schemas.config import Settings
 from prme.schemas.errors import ConfigurationError
 
@@ -157,10 +157,16 @@ async def test_an_old_copy_of_a_moved_partition_does_not_outlive_an_erasure(
             o for o in owners if second.runner.transport.partition_for(o.encode()) in moved
         )
         await second.erase_owner(owner)
-        while loop.time() < deadline and any(shard_directory(first_dir, p).exists() for p in moved):
+
+        def left(partition: int) -> bool:  # renamed to p<N>.discarded first, then deleted
+            directory = shard_directory(first_dir, partition)
+            discarded = directory.with_name(directory.name + DISCARDED_SUFFIX)
+            return directory.exists() or discarded.exists()
+
+        while loop.time() < deadline and any(left(p) for p in moved):
             await asyncio.sleep(0.2)
         for partition in moved:
-            assert not shard_directory(first_dir, partition).exists()
+            assert not left(partition)
         partition_of = first.runner.transport.partition_for
         cached = set(first.runner.vector_cache.owners())  # the node-wide cache forgot them too
         assert cached == {o for o in owners if partition_of(o.encode()) not in moved}
