@@ -11,7 +11,7 @@ run: setup model ## serve the embedded default on 127.0.0.1:8765 (data in ./memo
 	$(BIN)/prme serve --data-dir $(DATA)
 
 test: setup model kafka ## the whole test suite; Kafka tests use a real local broker
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15
 
 setup: $(VENV)/.installed
 

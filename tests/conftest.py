@@ -66,6 +66,20 @@ def _docker_kafka() -> Iterator[str] | None:
     return run()
 
 
+BROKER_FIXTURES = frozenset({"kafka_bootstrap", "kafka_cluster", "private_kafka"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``make test`` runs two pytest-xdist workers (``--dist loadgroup``): every test that
+    needs a broker goes to one of them, in the order written, so one broker serves them
+    all (a session fixture is per worker) and the multi-node tests never overlap; the other
+    worker takes the rest."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("kafka") or fixtures & BROKER_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group("broker"))
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``host:port`` of a running Kafka broker for the whole test session."""
