@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from prme.logs import KafkaClientNoise
 
 pytestmark = pytest.mark.model
 
@@ -95,3 +98,31 @@ def test_rebuild_reports_cache_use_and_catch_up_progress(tmp_path: Path, demo_sa
         m.startswith(f"catching up: {records} records to apply in partitions") for m in messages
     ), messages
     assert any(m.startswith(f"caught up: {records} records in ") for m in messages), messages
+
+
+def test_kafka_client_retries_are_logged_once_a_minute_and_rebalances_not_at_all() -> None:
+    """The filter ``configure`` installs, on aiokafka's records (a clock it is handed)."""
+    now = [0.0]
+    noise = KafkaClientNoise(clock=lambda: now[0])
+
+    def passes(name: str, template: str, *args: object) -> str | None:
+        record = logging.LogRecord(name, logging.ERROR, __file__, 1, template, args, None)
+        return record.getMessage() if noise.filter(record) else None
+
+    unable = "Unable connect to node with id %s: %s"
+    assert passes("aiokafka", unable, 1, "refused") == "Unable connect to node with id 1: refused"
+    for second in range(1, 60):
+        now[0] = second
+        assert passes("aiokafka", unable, 1, "refused") is None
+        assert passes("aiokafka.conn", "Failed fetch messages from %s: %s", 1, "x") in (
+            None,
+            "Failed fetch messages from 1: x",  # its own template: its first line passes
+        )
+    now[0] = 61.0
+    assert passes("aiokafka", unable, 1, "again") == (
+        "Unable connect to node with id 1: again (59 more like this in the last 61s)"
+    )
+    rebalancing = "Heartbeat failed for group %s because it is rebalancing"
+    assert passes("aiokafka.consumer.group_coordinator", rebalancing, "g") is None
+    assert passes("prme.cluster", unable, 1, "x") is not None  # only aiokafka's records
+    assert passes("prme.cluster", unable, 1, "x") is not None
