@@ -48,6 +48,8 @@ MAP_POLL_S = 0.5
 MAP_REFRESH_S = 5.0
 """How often a serve-only node re-reads the map otherwise."""
 _log = logging.getLogger("prme.cluster")
+OWNER_ANSWER_MARGIN_S = 2.0
+"""How long past its consistency timeout an owner may take to send the answer it then gives."""
 REFUSAL_LOG_EVERY_S = 60.0
 """A hop refused for the cluster secret is logged at most this often per peer."""
 
@@ -298,14 +300,21 @@ class ClusterRouter:
         node owns the partition (serve it here). Retries, until ``timeout_s``, while the
         owner is unreachable or answers that it does not own the partition; a write
         (not repeatable) whose owner refuses the connection raises ``OwnerUnreachable``
-        at once, and its answer is awaited as long as the owner may take to give it (its
-        wait for the partition, the append, the wait for the write to be applied).
+        at once. An answer is awaited as long as the owner may take to give it: a read's,
+        the owner's consistency timeout (its wait for a token or for the partition); a
+        write's, its wait for the partition, the append and the wait to apply it.
         ``resendable``: a write whose request ids make it harmless to send twice (the
         owner answers a repeat with the first write); see :meth:`_hop`."""
         loop = asyncio.get_running_loop()
         repeatable = is_repeatable(method, target)
         consistency_s = self.settings.query.consistency_timeout_s
-        answer_s = 0.0 if repeatable else 2 * consistency_s + self.settings.log.request_timeout_s
+        # The owner may take its own consistency timeout to answer a read (a token to wait
+        # for, a partition still catching up) and then answers 504 itself: wait for that.
+        answer_s = (
+            consistency_s + OWNER_ANSWER_MARGIN_S
+            if repeatable
+            else 2 * consistency_s + self.settings.log.request_timeout_s
+        )
         deadline = loop.time() + timeout_s
         while True:
             url = await self.resolve(partition, deadline - loop.time())

@@ -420,3 +420,27 @@ async def test_the_client_resends_a_read_or_keyed_write_whose_pooled_connection_
             await client.store("c", "u1")
         assert (standin.connections, standin.dropped_on_arrival) == (5, 3)
         assert [h for h in standin.hops[sent:] if h.request_line.startswith(b"POST")] == []
+
+
+def answer_late(seconds: float, status: int, payload: Any) -> Behaviour:
+    """Answer as ``answer`` does, after ``seconds``."""
+
+    async def behave(hop: Hop, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(seconds)
+        return await answer(status, payload)(hop, writer)
+
+    return behave
+
+
+async def test_a_forwarded_read_relays_the_owners_consistency_timeout(tmp_path: Path) -> None:
+    """From a new-user trial: a read with a token its owner never reaches answered 504
+    consistency_timeout on the owner and 503 "its owner ... did not answer" (Retry-After)
+    through any other node, which gave up at the same timeout as the owner, so it called
+    a healthy owner unresponsive. It now waits for the owner's answer and relays it."""
+    timeout = {"error": "consistency_timeout", "detail": "partition 1 has not applied offset 9"}
+    standin = StandIn([answer_late(2.3, 504, timeout)])  # the owner's timeout is 2 s too
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        read = await node.http.get("/v1/history", params={"user_id": node.owner, "after": "1:9"})
+        assert read.status_code == 504, read.text
+        assert read.json() == timeout
+        assert len(standin.hops) == 1
