@@ -598,12 +598,12 @@ class KafkaLogTransport:
                 return ends
             await asyncio.sleep(_OWN_WRITES_POLL_S)
 
-    async def describe_group(self, group: str) -> GroupDescription:
-        """Consumer group ``group``'s state, and its members with the partitions of this
-        topic each holds, as the group coordinator describes them."""
+    async def describe_group(self, group: str, topic: str | None = None) -> GroupDescription:
+        """Consumer group ``group``'s state, and its members with the partitions of
+        ``topic`` (default: this one) each holds, as the group coordinator describes them."""
         if self._admin is None:
             raise TransportError("kafka transport is not started")
-        return await describe_group(self._admin, self._topic, group, self._timeout_s)
+        return await describe_group(self._admin, topic or self._topic, group, self._timeout_s)
 
     async def cluster_map(self, group: str) -> ClusterMap | None:
         """The cluster map group ``group``'s leader handed out (None while it rebalances)."""

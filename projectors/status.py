@@ -210,8 +210,13 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
     describe = getattr(runner.transport, "describe_group", None)
     group = None
     if describe is not None and ends.unavailable is None:
+        # A node the group refused for reading another topic lists the members with the
+        # partitions of the group's topic, which are the ones they hold.
+        topic = None if runner.cluster_map is None else runner.cluster_map.topic or None
         try:
-            group = await asyncio.wait_for(describe(runner.group), max(0.1, deadline - loop.time()))
+            group = await asyncio.wait_for(
+                describe(runner.group, topic), max(0.1, deadline - loop.time())
+            )
         except Exception:  # the group's coordinator did not answer in time: left out
             group = None
     identity = runner.identity

@@ -138,6 +138,9 @@ async def cluster_health(engine: MemoryEngine, status: NodeStatus) -> ClusterHea
     runner, router = engine.runner, engine.router
     here = THIS_NODE if router is None else router.url
     partitions = runner.transport.partitions
+    group_topic = None if router is None or router.cluster_map is None else router.cluster_map.topic
+    if group_topic and group_topic != engine.settings.log.topic:
+        return _outside_the_group(partitions, engine.settings.log.topic, group_topic)
     owners: dict[int, str] | None
     if status.transport == "kafka":
         owners = None
@@ -168,6 +171,21 @@ async def cluster_health(engine: MemoryEngine, status: NodeStatus) -> ClusterHea
         session_timeout_s=(
             engine.settings.cluster.session_timeout_s if status.transport == "kafka" else None
         ),
+    )
+
+
+def _outside_the_group(partitions: int, topic: str, group_topic: str) -> ClusterHealth:
+    """A node the group refused for reading another topic: the group's members, and whom
+    they hold, are the group topic's, which this node does not read (it took that topic's
+    partitions for its own, and called them all unowned)."""
+    return ClusterHealth(
+        healthy=False,
+        partitions=[PartitionHealth(partition=p, state="unknown") for p in range(partitions)],
+        problems=[
+            f"this node reads the topic {topic!r} and its group reads {group_topic!r}: it "
+            "holds no partitions, and how the group's are served is for a node of the group "
+            "to say (prme status --url <one of them>)"
+        ],
     )
 
 

@@ -556,6 +556,17 @@ def test_a_node_reading_another_topic_gets_no_partitions_and_nobody_crashes(
                     in (status.stdout)
                 ), status.stdout + status.stderr
                 assert status.returncode == 1
+                # From a new-user trial: asked on the stray node, the status read the group's
+                # members against its own topic and called every partition unowned.
+                stray_status = stray.status()
+                assert stray_status.returncode == 1
+                assert "no owner in the group" not in stray_status.stdout, stray_status.stdout
+                assert f"this node reads the topic '{other_topic}'" in stray_status.stdout
+                for member in (first, second):  # with the partitions they hold
+                    line = next(
+                        x for x in stray_status.stdout.splitlines() if f"member {member.url}" in x
+                    )
+                    assert "partitions []" not in line, stray_status.stdout
                 for node in (stray, first, second):
                     assert node.process is not None and node.process.poll() is None, node.log()
                     assert "Traceback" not in node.log(), node.log()
