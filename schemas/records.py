@@ -20,14 +20,33 @@ OwnerId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=OWNE
 PATTERN_WORDS = {OWNER_PATTERN: "Expected an owner id without whitespace at either end"}
 """What the records' patterns mean, for error messages (``errors.patterns_in_words``)."""
 Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+_ASTRAL_UNSEEN = (
+    (0x110BD, 0x110BD),
+    (0x110CD, 0x110CD),
+    (0x13430, 0x1343F),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)
+"""The unseen characters past U+FFFF, written into the pattern as themselves: a ``\\U``
+escape is Python's alone, and JSON Schema validators (ECMA-262 with the ``u`` flag) read a
+character where they refuse that escape."""
 UNSEEN_CHARACTERS = (
-    r"\x00-\x1f\x7f-\x9f\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
+    r"\x00-\x1f\x7f-\x9f\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
+    r"\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+    r"\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+    + "".join(
+        chr(low) if low == high else f"{chr(low)}-{chr(high)}" for low, high in _ASTRAL_UNSEEN
+    )
 )
 """What no id the API takes may hold (the body of a regex character class): the C0 and C1
-control characters, and the format characters that show as nothing (soft hyphen, zero-width
-space, non-joiner and joiner, direction marks, embeddings, overrides and isolates, word
-joiner, byte order mark), with which two ids that look the same are different owners,
-sessions or scopes."""
+control characters; Unicode's default-ignorable code points, which show as nothing (soft
+hyphen, combining grapheme joiner, Hangul fillers, Mongolian and other variation selectors,
+zero-width space, non-joiner and joiner, direction marks, embeddings, overrides and
+isolates, word joiner and invisible operators, byte order mark, tags, musical formatting);
+the other format characters (Arabic number signs, interlinear annotation, Egyptian
+hieroglyph format controls); the line and paragraph separators; and the braille blank.
+With any of them two ids that look the same are different owners, sessions or scopes."""
 USER_ID_PATTERN = (
     rf"^[^\s{UNSEEN_CHARACTERS}](?:[^{UNSEEN_CHARACTERS}]*[^\s{UNSEEN_CHARACTERS}])?(?!\n)$"
 )

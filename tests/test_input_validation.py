@@ -146,8 +146,11 @@ def test_a_framework_message_with_an_empty_name_or_id_is_stored_without_one() ->
 # -- control and invisible characters in ids ------------------------------------------
 
 UNSEEN = ["\u200b", "\u200c", "\u200d", "\ufeff", "\u2060", "\u202e", "\x07", "\n"]
+UNSEEN += ["\u3164", "\u034f", "\u061c", "\ufe0f", "\u2800", "\u2028", "\U000e0001"]
 """Zero-width space, non-joiner, joiner, byte order mark, word joiner, right-to-left
-override, a bell, a newline."""
+override, a bell, a newline; and what a new-user trial still got through: a Hangul filler,
+the combining grapheme joiner, the Arabic letter mark, a variation selector, the braille
+blank, the line separator, a tag character."""
 
 
 @pytest.mark.parametrize("char", UNSEEN)
