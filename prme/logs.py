@@ -63,7 +63,7 @@ class KafkaClientNoise(logging.Filter):
         if not record.name.startswith("aiokafka"):
             return True
         template = str(record.msg)
-        if template in ROUTINE_KAFKA_MESSAGES:
+        if template in ROUTINE_KAFKA_MESSAGES or _coordinator_not_yet_available(record):
             return False
         key = (record.name, template)
         now = self._clock()
@@ -75,6 +75,15 @@ class KafkaClientNoise(logging.Filter):
         if left_out:
             record.msg = f"{template} ({left_out} more like this in the last {now - shown:.0f}s)"
         return True
+
+
+def _coordinator_not_yet_available(record: logging.LogRecord) -> bool:
+    """aiokafka's ERROR while a group's coordinator is being set up (a new group, a broker
+    that just started or moved it): every node logged it at a normal start, and it retries.
+    (A coordinator that stays away shows in ``/v1/ready`` and ``prme status``.)"""
+    return record.msg == "Group Coordinator Request failed: %s" and any(
+        "GroupCoordinatorNotAvailable" in str(arg) for arg in record.args or ()
+    )
 
 
 def configure(log_format: LogFormat = "text", level: int = logging.INFO, tag: str = "prme") -> None:

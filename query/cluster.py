@@ -50,6 +50,9 @@ MAP_REFRESH_S = 5.0
 _log = logging.getLogger("prme.cluster")
 OWNER_ANSWER_MARGIN_S = 2.0
 """How long past its consistency timeout an owner may take to send the answer it then gives."""
+UNREACHABLE_LOG_EVERY_S = 10.0
+"""A peer that cannot be reached is logged at most this often (each waiting request retried
+it every ``MAP_POLL_S``, a line each)."""
 REFUSAL_LOG_EVERY_S = 60.0
 """A hop refused for the cluster secret is logged at most this often per peer."""
 
@@ -102,7 +105,8 @@ class ClusterRouter:
         self.transport = transport
         self.metrics = metrics
         self._secret = settings.cluster.secret
-        self._refusals_logged: dict[str, float] = {}
+        self._last_logged: dict[tuple[str, str], float] = {}
+        """(what, peer) -> when a line about it was last logged (``_log_at_most``)."""
         self._polled: ClusterMap | None = None
         self._changed = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
@@ -271,10 +275,15 @@ class ClusterRouter:
         minute per peer: a serve-only node is not a member of the group, which refuses
         projecting nodes with another secret, so only its hops show it."""
         self.metrics.cluster_forwards.labels("refused").inc()
+        self._log_at_most(REFUSAL_LOG_EVERY_S, "refused", peer, logging.WARNING, message)
+
+    def _log_at_most(self, every_s: float, what: str, peer: str, level: int, message: str) -> None:
+        """Log ``message`` unless a line of the kind ``what`` about ``peer`` was logged
+        within ``every_s``."""
         now = time.monotonic()
-        if now - self._refusals_logged.get(peer, -REFUSAL_LOG_EVERY_S) >= REFUSAL_LOG_EVERY_S:
-            self._refusals_logged[peer] = now
-            _log.warning("%s", message)
+        if now - self._last_logged.get((what, peer), -every_s) >= every_s:
+            self._last_logged[(what, peer)] = now
+            _log.log(level, "%s", message)
 
     def _hop_headers(self, caller: str) -> dict[str, str]:
         if not self._secret:
@@ -338,7 +347,13 @@ class ClusterRouter:
                     raise OwnerUnreachable(
                         f"partition {partition}: its owner {url} is unreachable ({error!r})"
                     ) from error
-                _log.info("forward to %s failed (%s); waiting for the map", url, error)
+                self._log_at_most(
+                    UNREACHABLE_LOG_EVERY_S,
+                    "unreachable",
+                    url,
+                    logging.INFO,
+                    f"forward to {url} failed ({error}); waiting for the map",
+                )
             except httpx.HTTPError as error:
                 if not repeatable:  # the owner may have applied it
                     raise HopBroken(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import struct
 import time
@@ -444,3 +445,19 @@ async def test_a_forwarded_read_relays_the_owners_consistency_timeout(tmp_path: 
         assert read.status_code == 504, read.text
         assert read.json() == timeout
         assert len(standin.hops) == 1
+
+
+async def test_an_unreachable_owner_is_logged_once_while_a_read_waits_for_the_map(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """From a new-user trial: each read waiting for a dead owner's partition logged "forward
+    to ... failed; waiting for the map" at every retry (every 0.5 s: 20 lines in 10 s)."""
+    standin = StandIn([answer(200, [])])
+    async with stand_in(standin):
+        pass  # closed: its port now refuses connections
+    async with forwarder(tmp_path, standin) as node:
+        with caplog.at_level(logging.INFO, logger="prme.cluster"):
+            read = await node.http.get("/v1/history", params={"user_id": node.owner})
+        assert read.status_code == 503, read.text
+        lines = [r for r in caplog.records if r.getMessage().startswith("forward to ")]
+        assert len(lines) == 1, [r.getMessage() for r in lines]

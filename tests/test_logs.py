@@ -126,3 +126,18 @@ def test_kafka_client_retries_are_logged_once_a_minute_and_rebalances_not_at_all
     assert passes("aiokafka.consumer.group_coordinator", rebalancing, "g") is None
     assert passes("prme.cluster", unable, 1, "x") is not None  # only aiokafka's records
     assert passes("prme.cluster", unable, 1, "x") is not None
+
+
+def test_a_group_coordinator_being_set_up_is_not_an_error_line() -> None:
+    """Every node logged ``ERROR Group Coordinator Request failed: [Error 15]
+    GroupCoordinatorNotAvailableError`` at a normal start on a new broker (new-user trial);
+    the same message for a broker that does not answer still shows."""
+    noise = KafkaClientNoise()
+    template = "Group Coordinator Request failed: %s"
+
+    def passes(arg: str) -> bool:
+        record = logging.LogRecord("aiokafka", logging.ERROR, __file__, 1, template, (arg,), None)
+        return noise.filter(record)
+
+    assert not passes("[Error 15] GroupCoordinatorNotAvailableError")
+    assert passes("NodeNotReadyError: Attempt to send a request to node which is not ready")
