@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote
 
+import httpx
 import msgspec
 
 from prme.producers.factory import open_dead_letters, open_transport
@@ -23,6 +25,7 @@ from prme.producers.producer import (
     check_supersede,
     dedupe_key,
     deletion_request_id,
+    request_fingerprint,
 )
 from prme.producers.transport import AsksFirstWrites, LogTransport, Position
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
@@ -39,11 +42,13 @@ from prme.schemas.errors import (
     InvalidInput,
     NotFound,
     PRMEError,
+    RequestIdConflict,
     ShardUnavailable,
     WriteUnconfirmed,
+    reused_request_id,
 )
 from prme.schemas.metrics import Metrics
-from prme.schemas.records import Message, Record, memory_node_id
+from prme.schemas.records import AnyRecord, Message, Record, memory_node_id
 from prme.schemas.tracing import Tracing
 
 from .backend import MemoryBackend
@@ -318,7 +323,66 @@ class MemoryEngine(MemoryBackend):
                 else "do not send it again: without a request_id a retry writes it twice"
             )
             await self._confirm(results, retry)
+            if self.settings.log.transport == "kafka" and any(r.request_id for r in records):
+                await self._check_applied_as_written(records, results)
         return results
+
+    async def _check_applied_as_written(
+        self, records: Sequence[Record], results: list[StoreResult]
+    ) -> None:
+        """On Kafka the request-id check before an append sees this node's recent writes
+        and the applied ones: a write with the same id that another node appended and that
+        is not applied yet (an owner's node down, two nodes took the two writes) passes it,
+        and only the first on the log is applied. Once applied, the event the id names must
+        be this write, or say what it says; otherwise the conflict the check missed is
+        answered (409), and this record, on the log, is never applied."""
+        for record, result in zip(records, results, strict=True):
+            if record.request_id is None:
+                continue
+            copy = await self._applied_copy(result, record.owner)
+            if copy is None or (copy.partition, copy.offset) == (
+                result.token.partition,
+                result.token.offset,
+            ):
+                continue
+            if request_fingerprint(copy.record) != request_fingerprint(record):
+                # This process took its own write for the first: let the next check ask
+                # the applied events (keys sharing the prefix are asked again too).
+                await self._transport.forget_dedupe(dedupe_key(record.owner, record.request_id))
+                raise RequestIdConflict(
+                    f"{reused_request_id(record.owner, record.request_id)}: that write reached "
+                    f"the log first ({copy.partition}:{copy.offset}) and is the one applied; "
+                    f"this one is on the log too ({result.token.partition}:"
+                    f"{result.token.offset}) and will not be applied. A retry must send the "
+                    "same content (use a new request_id for a new write)"
+                )
+
+    async def _applied_copy(self, result: StoreResult, owner: str) -> EventView | None:
+        """The applied event ``result`` names, from the node that owns its partition (None:
+        it could not be read now; the check is then left out)."""
+        try:
+            if self.router is not None:
+                target = (
+                    f"/v1/events/{quote(result.event_id, safe='')}?user_id={quote(owner, safe='')}"
+                )
+                response = await self.router.forward(
+                    result.token.partition,
+                    "GET",
+                    target,
+                    caller=owner,
+                    body=b"",
+                    headers={},
+                    timeout_s=self.settings.query.consistency_timeout_s,
+                )
+                if response is not None:
+                    if response.status_code != 200:
+                        return None
+                    view = msgspec.json.decode(response.content, type=EventView)
+                    record = msgspec.convert(view.record, AnyRecord)  # type: ignore[arg-type]
+                    return msgspec.structs.replace(view, record=record)
+            return await self.get_event(result.event_id, owner)
+        except (PRMEError, httpx.HTTPError, msgspec.ValidationError, msgspec.DecodeError):
+            return None
 
     async def _confirm(self, results: list[StoreResult], retry: str) -> None:
         """Wait for appended records to be applied; a failed wait says what was written

@@ -224,3 +224,35 @@ async def test_a_second_delete_of_a_message_writes_nothing_on_kafka(
         assert await engine.delete_message("alice", stored.event_id) == first
         assert await engine.runner.transport.end_offsets() == ends
         assert await engine.history("alice", "s1") == []
+
+
+async def test_a_request_id_another_process_used_first_for_other_content_is_a_conflict(
+    kafka_settings: Settings, hashed_provider: Any
+) -> None:
+    """From a new-user trial: while an owner's node was down, two nodes each appended a
+    write with one request id and different content; both answered 201 with the same
+    event id, and only the first on the log was applied. The check before an append sees
+    this process's writes and the applied ones, not another process's unapplied write; now
+    the applied event is compared with the write once it is applied (409)."""
+    from prme.producers.factory import open_transport
+    from prme.producers.producer import Producer
+    from prme.schemas.errors import RequestIdConflict
+
+    async with await MemoryEngine.create(
+        settings=kafka_settings, embedding_provider=hashed_provider
+    ) as engine:
+        other = open_transport(kafka_settings)
+        await other.start()
+        try:
+            for i in range(5):
+                owner = f"dup-{i}"
+                first = MessageDraft(owner=owner, session_id="s", content="first", request_id="r")
+                await Producer(other).append_message(first)
+                with pytest.raises(RequestIdConflict, match="reached the log first|already used"):
+                    await engine.store("second", owner, session_id="s", request_id="r")
+                assert [m.content for m in await engine.history(owner, "s")] == ["first"]
+                same = await engine.store("first", owner, session_id="s", request_id="r")
+                assert [m.content for m in await engine.history(owner, "s")] == ["first"]
+                assert same.event_id == (await engine.get_event(same.event_id, owner)).event_id
+        finally:
+            await other.close()
