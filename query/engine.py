@@ -333,33 +333,40 @@ class MemoryEngine(MemoryBackend):
         """On Kafka the request-id check before an append sees this node's recent writes
         and the applied ones: a write with the same id that another node appended and that
         is not applied yet (an owner's node down, two nodes took the two writes) passes it,
-        and only the first on the log is applied. Once applied, the event the id names must
-        be this write, or say what it says; otherwise the conflict the check missed is
-        answered (409), and this record, on the log, is never applied."""
-        for record, result in zip(records, results, strict=True):
-            if record.request_id is None:
+        and only the first on the log is applied. Once applied, the first copy of the id
+        (the applied events of the partitions held here, in one call; the owner's node for
+        the others) must be this write, or say what it says; otherwise the conflict the
+        check missed is answered (409), and this record, on the log, is never applied."""
+        keyed = {
+            dedupe_key(record.owner, record.request_id): (record, result)
+            for record, result in zip(records, results, strict=True)
+            if record.request_id is not None
+        }
+        firsts = await self.runner.first_writes(list(keyed))
+        for key, (record, result) in keyed.items():
+            if key in firsts:
+                position, fingerprint = firsts[key]
+            elif (copy := await self._applied_copy(result, record.owner)) is not None:
+                position = Position(copy.partition, copy.offset)
+                fingerprint = request_fingerprint(copy.record)
+            else:
+                continue  # not readable now: best effort, as before
+            if position == result.token or fingerprint in (None, request_fingerprint(record)):
                 continue
-            copy = await self._applied_copy(result, record.owner)
-            if copy is None or (copy.partition, copy.offset) == (
-                result.token.partition,
-                result.token.offset,
-            ):
-                continue
-            if request_fingerprint(copy.record) != request_fingerprint(record):
-                # This process took its own write for the first: let the next check ask
-                # the applied events (keys sharing the prefix are asked again too).
-                await self._transport.forget_dedupe(dedupe_key(record.owner, record.request_id))
-                raise RequestIdConflict(
-                    f"{reused_request_id(record.owner, record.request_id)}: that write reached "
-                    f"the log first ({copy.partition}:{copy.offset}) and is the one applied; "
-                    f"this one is on the log too ({result.token.partition}:"
-                    f"{result.token.offset}) and will not be applied. A retry must send the "
-                    "same content (use a new request_id for a new write)"
-                )
+            # This process took its own write for the first: let the next check ask the
+            # applied events (keys sharing the prefix are asked again too).
+            await self._transport.forget_dedupe(key)
+            raise RequestIdConflict(
+                f"{reused_request_id(record.owner, record.request_id or '')}: that write "
+                f"reached the log first ({position.partition}:{position.offset}) and is the "
+                f"one applied; this one is on the log too ({result.token.partition}:"
+                f"{result.token.offset}) and will not be applied. A retry must send the same "
+                "content (use a new request_id for a new write)"
+            )
 
     async def _applied_copy(self, result: StoreResult, owner: str) -> EventView | None:
         """The applied event ``result`` names, from the node that owns its partition (None:
-        it could not be read now; the check is then left out)."""
+        it could not be read now)."""
         try:
             if self.router is not None:
                 target = (
