@@ -386,7 +386,7 @@ class ClusterRouter:
     async def peer_view(self, url: str, timeout_s: float) -> httpx.Response:
         """``GET /v1/cluster`` of the node at ``url`` (what it owns and serves), for a
         status; no secret is sent: the route needs none."""
-        return await self._http.get(url.rstrip("/") + "/v1/cluster", timeout=timeout_s)
+        return await self._http.get(url.rstrip("/") + "/v1/cluster", timeout_s=timeout_s)
 
     async def _hop(
         self,

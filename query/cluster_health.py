@@ -25,6 +25,7 @@ from prme.projectors.status import (
     PartitionHealth,
     PartitionState,
 )
+from prme.schemas.cluster import other_topic_refusal
 
 from .cluster import ClusterRouter
 from .engine import MemoryEngine
@@ -138,9 +139,9 @@ async def cluster_health(engine: MemoryEngine, status: NodeStatus) -> ClusterHea
     runner, router = engine.runner, engine.router
     here = THIS_NODE if router is None else router.url
     partitions = runner.transport.partitions
-    group_topic = None if router is None or router.cluster_map is None else router.cluster_map.topic
-    if group_topic and group_topic != engine.settings.log.topic:
-        return _outside_the_group(partitions, engine.settings.log.topic, group_topic)
+    cluster_map, topic = runner.cluster_map, engine.settings.log.topic
+    if cluster_map is not None and cluster_map.topic and cluster_map.topic != topic:
+        return _outside_the_group(partitions, other_topic_refusal(topic, cluster_map))
     owners: dict[int, str] | None
     if status.transport == "kafka":
         owners = None
@@ -174,17 +175,16 @@ async def cluster_health(engine: MemoryEngine, status: NodeStatus) -> ClusterHea
     )
 
 
-def _outside_the_group(partitions: int, topic: str, group_topic: str) -> ClusterHealth:
-    """A node the group refused for reading another topic: the group's members, and whom
-    they hold, are the group topic's, which this node does not read (it took that topic's
-    partitions for its own, and called them all unowned)."""
+def _outside_the_group(partitions: int, refusal: str) -> ClusterHealth:
+    """A node the group refused for reading another topic: the group's members hold the
+    partitions of the group's topic, which this node does not read (it used to take them
+    for its own topic's, and called every partition unowned)."""
     return ClusterHealth(
         healthy=False,
         partitions=[PartitionHealth(partition=p, state="unknown") for p in range(partitions)],
         problems=[
-            f"this node reads the topic {topic!r} and its group reads {group_topic!r}: it "
-            "holds no partitions, and how the group's are served is for a node of the group "
-            "to say (prme status --url <one of them>)"
+            f"this node holds no partitions: {refusal}; how the group's partitions are "
+            "served is for a node of the group to say (prme status --url <one of them>)"
         ],
     )
 

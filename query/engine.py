@@ -48,7 +48,7 @@ from prme.schemas.errors import (
     reused_request_id,
 )
 from prme.schemas.metrics import Metrics
-from prme.schemas.records import AnyRecord, Message, Record, memory_node_id
+from prme.schemas.records import Message, Record, memory_node_id
 from prme.schemas.tracing import Tracing
 
 from .backend import MemoryBackend
@@ -72,7 +72,7 @@ from .pack_config import (
 )
 from .retrieve import Retriever
 from .tokens import TokenCounter
-from .types import EventView, RetrieveResponse, StoreResult
+from .types import EventView, RetrieveResponse, StoreResult, with_record
 
 
 class MemoryEngine(MemoryBackend):
@@ -384,9 +384,7 @@ class MemoryEngine(MemoryBackend):
                 if response is not None:
                     if response.status_code != 200:
                         return None
-                    view = msgspec.json.decode(response.content, type=EventView)
-                    record = msgspec.convert(view.record, AnyRecord)  # type: ignore[arg-type]
-                    return msgspec.structs.replace(view, record=record)
+                    return with_record(msgspec.json.decode(response.content, type=EventView))
             return await self.get_event(result.event_id, owner)
         except (PRMEError, httpx.HTTPError, msgspec.ValidationError, msgspec.DecodeError):
             return None

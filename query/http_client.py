@@ -17,7 +17,7 @@ from prme.producers.partitioner import Partitioner
 from prme.producers.producer import ADDITION_MISMATCH, REPLACEMENT_MISMATCH, MessageDraft
 from prme.producers.transport import Position
 from prme.schemas.errors import InvalidInput, PRMEError, TransportError
-from prme.schemas.records import AnyRecord, Message
+from prme.schemas.records import Message
 
 from .backend import MemoryBackend
 from .http_errors import error_of
@@ -40,7 +40,7 @@ from .http_types import (
 )
 from .pooled_http import ResendingPool
 from .routes import safe_to_resend
-from .types import EventView, RetrieveResponse, StoreResult
+from .types import EventView, RetrieveResponse, StoreResult, with_record
 
 T = TypeVar("T")
 
@@ -191,11 +191,8 @@ class HttpMemoryBackend(MemoryBackend):
 
     async def get_event(self, event_id: str, user_id: str) -> EventView:
         check_ids(event_id=event_id)
-        view = await self._call(
-            "GET", f"events/{_segment(event_id)}", EventView, params={"user_id": user_id}
-        )
-        record = msgspec.convert(view.record, AnyRecord)  # type: ignore[arg-type]
-        return msgspec.structs.replace(view, record=record)
+        path = f"events/{_segment(event_id)}"
+        return with_record(await self._call("GET", path, EventView, params={"user_id": user_id}))
 
     async def get_event_nodes(self, event_id: str, user_id: str) -> list[str]:
         check_ids(event_id=event_id)

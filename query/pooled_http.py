@@ -63,9 +63,9 @@ class ResendingPool:
         if self._fresh is not None:
             await self._fresh.aclose()
 
-    async def get(self, url: str, *, timeout: float | None = None) -> httpx.Response:
+    async def get(self, url: str, *, timeout_s: float | None = None) -> httpx.Response:
         """A plain GET (a read: resent like any)."""
-        return await self.request("GET", url, timeout_s=timeout, resendable=True)
+        return await self.request("GET", url, timeout_s=timeout_s, resendable=True)
 
     async def request(
         self,

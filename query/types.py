@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from prme.producers.transport import Position
+from prme.schemas.records import AnyRecord
 
 
 class MemoryResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,3 +129,9 @@ class EventView(msgspec.Struct, frozen=True, kw_only=True):
     offset: int
     node_ids: list[str]
     record: Any
+
+
+def with_record(view: EventView) -> EventView:
+    """``view`` decoded from JSON (``GET /v1/events/{id}``), its record as a record type."""
+    record = msgspec.convert(view.record, AnyRecord)  # type: ignore[arg-type]
+    return msgspec.structs.replace(view, record=record)
