@@ -7,6 +7,7 @@ the topic and projects the partitions its consumer group assigns.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -25,9 +26,10 @@ from prme.producers.producer import (
     check_supersede,
     dedupe_key,
     deletion_request_id,
+    request_event_id,
     request_fingerprint,
 )
-from prme.producers.transport import AsksFirstWrites, LogTransport, Position
+from prme.producers.transport import AsksFirstWrites, LogTransport, Position, split_dedupe_key
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
 from prme.projectors.embeddings.model_assets import default_model_dir
@@ -74,6 +76,13 @@ from .retrieve import Retriever
 from .tokens import TokenCounter
 from .types import EventView, RetrieveResponse, StoreResult, with_record
 
+FIRST_WRITE_OWNER_WAIT_S = 1.0
+"""How long the check before a keyed append waits for another node's owner to answer
+where a request id was first written (an unreachable owner: the append goes on)."""
+
+FIRST_WRITE_LOOKUPS = 16
+"""Owners' nodes asked at once for the first writes of a batch's request ids."""
+
 
 class MemoryEngine(MemoryBackend):
     """Use :meth:`create` or :meth:`open` (both async, both context managers)."""
@@ -104,6 +113,8 @@ class MemoryEngine(MemoryBackend):
         self._retriever = Retriever(
             runner, settings, TokenCounter(model_dir / "tokenizer.json"), self.metrics
         )
+        if isinstance(transport, AsksFirstWrites):
+            transport.first_writes = self._first_writes
 
     # -- opening -----------------------------------------------------------------------
 
@@ -219,8 +230,6 @@ class MemoryEngine(MemoryBackend):
             group=settings.cluster.group,
             own_data_dir=lock.held,  # False under a parent's lock: siblings share it
         )
-        if isinstance(transport, AsksFirstWrites):
-            transport.first_writes = runner.first_writes
         router = None
         if url is not None:
             router = ClusterRouter(settings, runner, transport, runner.metrics, url=url)
@@ -331,9 +340,9 @@ class MemoryEngine(MemoryBackend):
         self, records: Sequence[Record], results: list[StoreResult]
     ) -> None:
         """On Kafka the request-id check before an append sees this node's recent writes
-        and the applied ones: a write with the same id that another node appended and that
-        is not applied yet (an owner's node down, two nodes took the two writes) passes it,
-        and only the first on the log is applied. Once applied, the first copy of the id
+        and the applied ones (``_first_writes``): a write with the same id that another
+        node appended and that is not applied yet (an owner's node down, two nodes took the
+        two writes) passes it, and only the first on the log is applied. Once applied, the first copy of the id
         (the applied events of the partitions held here, in one call; the owner's node for
         the others) must be this write, or say what it says; otherwise the conflict the
         check missed is answered (409), and this record, on the log, is never applied."""
@@ -342,50 +351,90 @@ class MemoryEngine(MemoryBackend):
             for record, result in zip(records, results, strict=True)
             if record.request_id is not None
         }
-        firsts = await self.runner.first_writes(list(keyed))
+        firsts = await self._first_writes(
+            list(keyed), owner_wait_s=self.settings.query.consistency_timeout_s
+        )
         for key, (record, result) in keyed.items():
-            if key in firsts:
-                position, fingerprint = firsts[key]
-            elif (copy := await self._applied_copy(result, record.owner)) is not None:
-                position = Position(copy.partition, copy.offset)
-                fingerprint = request_fingerprint(copy.record)
-            else:
+            if key not in firsts:
                 continue  # not readable now: best effort, as before
+            position, fingerprint = firsts[key]
             if position == result.token or fingerprint in (None, request_fingerprint(record)):
                 continue
             # This process took its own write for the first: let the next check ask the
             # applied events (keys sharing the prefix are asked again too).
             await self._transport.forget_dedupe(key)
+            others = (
+                f" The other {len(records) - 1} write(s) of this batch are applied."
+                if len(records) > 1
+                else ""
+            )
             raise RequestIdConflict(
                 f"{reused_request_id(record.owner, record.request_id or '')}: that write "
                 f"reached the log first ({position.partition}:{position.offset}) and is the "
                 f"one applied; this one is on the log too ({result.token.partition}:"
-                f"{result.token.offset}) and will not be applied. A retry must send the same "
-                "content (use a new request_id for a new write)"
+                f"{result.token.offset}) and will not be applied.{others} A retry must send "
+                "the same content (use a new request_id for a new write)"
             )
 
-    async def _applied_copy(self, result: StoreResult, owner: str) -> EventView | None:
-        """The applied event ``result`` names, from the node that owns its partition (None:
-        it could not be read now)."""
+    async def _first_writes(
+        self, keys: Sequence[str], *, owner_wait_s: float = FIRST_WRITE_OWNER_WAIT_S
+    ) -> dict[str, tuple[Position, bytes | None]]:
+        """``FirstWrites`` across the cluster: of ``keys`` (dedupe keys), the applied first
+        copy of each write, with its position and fingerprint, read from the events of the
+        partitions held here and, for the others, from their owners' nodes (waiting at most
+        ``owner_wait_s`` for one). A key that cannot be read now is left out: the append
+        goes on, and the check after it (``_check_applied_as_written``) is the backstop."""
+        found = await self.runner.first_writes(keys)
+        if self.router is None:
+            return found
+        held = self.runner.shards
+        elsewhere = [
+            (key, *split_dedupe_key(key))
+            for key in keys
+            if key not in found
+            and self._transport.partition_for(
+                split_dedupe_key(key)[0].encode("utf-8", "surrogatepass")
+            )
+            not in held
+        ]
+        slots = asyncio.Semaphore(FIRST_WRITE_LOOKUPS)
+
+        async def ask(key: str, owner: str, request_id: str) -> None:
+            async with slots:
+                try:  # an owner that answers nothing (hung, or catching up) is skipped too
+                    async with asyncio.timeout(owner_wait_s):
+                        copy = await self._applied_event(
+                            request_event_id(owner, request_id), owner, owner_wait_s
+                        )
+                except TimeoutError:
+                    return
+            if copy is not None:
+                position = Position(copy.partition, copy.offset)
+                found[key] = (position, request_fingerprint(copy.record))
+
+        await asyncio.gather(*(ask(*item) for item in elsewhere))
+        return found
+
+    async def _applied_event(self, event_id: str, owner: str, timeout_s: float) -> EventView | None:
+        """The applied event ``event_id`` of ``owner``, from the node that owns its
+        partition (None: not applied there, or it could not be read now)."""
         try:
             if self.router is not None:
-                target = (
-                    f"/v1/events/{quote(result.event_id, safe='')}?user_id={quote(owner, safe='')}"
-                )
+                target = f"/v1/events/{quote(event_id, safe='')}?user_id={quote(owner, safe='')}"
                 response = await self.router.forward(
-                    result.token.partition,
+                    self._transport.partition_for(owner.encode("utf-8", "surrogatepass")),
                     "GET",
                     target,
                     caller=owner,
                     body=b"",
                     headers={},
-                    timeout_s=self.settings.query.consistency_timeout_s,
+                    timeout_s=timeout_s,
                 )
                 if response is not None:
                     if response.status_code != 200:
                         return None
                     return with_record(msgspec.json.decode(response.content, type=EventView))
-            return await self.get_event(result.event_id, owner)
+            return await self.get_event(event_id, owner)
         except (PRMEError, httpx.HTTPError, msgspec.ValidationError, msgspec.DecodeError):
             return None
 

@@ -22,7 +22,9 @@ import httpx
 import pytest
 
 from prme import MemoryClient
+from prme.producers.factory import open_transport
 from prme.producers.partitioner import Partitioner
+from prme.producers.producer import MessageDraft, Producer
 from prme.query.engine import MemoryEngine
 from prme.schemas.config import Settings
 
@@ -151,6 +153,104 @@ def test_a_write_with_a_request_id_is_checked_by_its_owners_node(
         "bring the charts",
         "no request id",
     ]
+
+
+def test_a_batch_reusing_a_request_id_another_node_applied_is_refused_whole(
+    cluster: tuple[list[Node], str],
+) -> None:
+    """A batch with several owners is appended by the node it reaches. The check before
+    its append read the applied writes of this node's partitions only: a request id
+    another node's owner had applied with other content passed it, the batch (all or
+    none) was appended, and its other writes were applied although the answer was a
+    conflict. The owner's node is now asked before the append, so nothing is written."""
+    nodes, _ = cluster
+    entry = nodes[0]
+    owners = [f"batch-owner-{i}" for i in range(60)]
+    owning = {
+        owner: entry.get("/v1/history", params={"user_id": owner}).headers["x-prme-served-by"]
+        for owner in owners
+    }
+    here = next(owner for owner in owners if owning[owner] == entry.url)
+    elsewhere = [owner for owner in owners if owning[owner] != entry.url][:3]
+    for owner in elsewhere:
+        first = entry.post(
+            "/v1/memories", {"user_id": owner, "content": "Aurora ships", "request_id": "b-1"}
+        )
+        assert first.status_code == 201, first.text
+    for reused in elsewhere:
+        batch = {
+            "messages": [
+                {"user_id": here, "content": "kept only with its batch", "request_id": "b-2"},
+                *(
+                    {"user_id": owner, "content": "Aurora slips", "request_id": "b-1"}
+                    if owner == reused
+                    else {"user_id": owner, "content": "Aurora ships", "request_id": "b-1"}
+                    for owner in elsewhere
+                ),
+            ]
+        }
+        refused = entry.post("/v1/memories/batch", batch)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"] == "request_id_conflict"
+        assert repr(reused) in refused.json()["detail"]
+    for owner in [here, *elsewhere]:
+        history = entry.get("/v1/history", params={"user_id": owner})
+        expected = [] if owner == here else ["Aurora ships"]
+        assert [m["content"] for m in history.json()] == expected, owner
+
+
+@pytest.mark.asyncio
+async def test_a_batch_whose_request_id_an_unapplied_write_took_is_a_conflict_once_applied(
+    cluster: tuple[list[Node], str], kafka_bootstrap: str
+) -> None:
+    """The check after the append, on the branch that asks the owner's node: while the
+    owner's node is paused, another process appends a write with the request id, so the
+    check before the batch's append cannot see it (the owner does not answer within its
+    second) and the batch is appended. Once the owner applies the log, the batch is
+    answered 409, saying that its other write is applied (the batch was on the log whole)."""
+    nodes, topic = cluster
+    entry, paused = nodes[0], nodes[1]
+    owners = [f"paused-owner-{i}" for i in range(60)]
+    owning = {
+        owner: entry.get("/v1/history", params={"user_id": owner}).headers["x-prme-served-by"]
+        for owner in owners
+    }
+    here = next(owner for owner in owners if owning[owner] == entry.url)
+    there = next(owner for owner in owners if owning[owner] == paused.url)
+    settings = Settings.from_env(
+        log={"transport": "kafka", "bootstrap": kafka_bootstrap, "topic": topic}
+    )
+    other = open_transport(settings)
+    await other.start()
+    pool = ThreadPoolExecutor(1)
+    assert paused.process is not None
+    try:
+        paused.process.send_signal(signal.SIGSTOP)
+        try:
+            first = MessageDraft(owner=there, content="Aurora ships", request_id="u-1")
+            await Producer(other).append_message(first)
+            batch = {
+                "messages": [
+                    {"user_id": here, "content": "applied with its batch", "request_id": "u-2"},
+                    {"user_id": there, "content": "Aurora slips", "request_id": "u-1"},
+                ]
+            }
+            answer = pool.submit(entry.post, "/v1/memories/batch", batch)
+            time.sleep(3.0)  # well inside the group's session timeout
+        finally:
+            paused.process.send_signal(signal.SIGCONT)
+        refused = answer.result(timeout=60)
+    finally:
+        pool.shutdown()
+        await other.close()
+    assert refused.status_code == 409, refused.text
+    assert "reached the log first" in refused.json()["detail"]
+    assert "The other 1 write(s) of this batch are applied" in refused.json()["detail"]
+    contents = {
+        owner: [m["content"] for m in entry.get("/v1/history", params={"user_id": owner}).json()]
+        for owner in (here, there)
+    }
+    assert contents == {here: ["applied with its batch"], there: ["Aurora ships"]}
 
 
 def test_a_write_after_an_erasure_through_another_node_is_kept(
