@@ -25,15 +25,17 @@ import httpx
 
 from prme.schemas.errors import ConfigurationError
 
-from .http_types import SERVED_BY_HEADER
+from .http_types import SERVED_BY_HEADER, STARTING_HEADER
 
 PROBE_HEADER = "x-prme-probe"
 _MAX_HEAD_BYTES = 16_384
-_STARTING = (
+STARTING_ANSWER = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"retry-after: 1\r\nconnection: close\r\ncontent-length: 65\r\n\r\n"
+    b"retry-after: 1\r\n" + STARTING_HEADER.encode() + b": 1\r\n"
+    b"connection: close\r\ncontent-length: 65\r\n\r\n"
     b'{"error":"not_ready","detail":"this node is starting, try again"}'
 )
+"""The answer to any client but the probe while the node starts: nothing was done."""
 _OWN = b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n"
 _log = logging.getLogger("prme.serve")
 
@@ -136,7 +138,7 @@ async def _reply(
         head = await _read_head(loop, conn)
         own = nonce.encode() in head and PROBE_HEADER.encode() in head.lower()
         with contextlib.suppress(OSError):
-            await loop.sock_sendall(conn, _OWN if own else _STARTING)
+            await loop.sock_sendall(conn, _OWN if own else STARTING_ANSWER)
         if own:
             reached.set()
 

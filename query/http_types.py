@@ -282,6 +282,8 @@ FORWARDED_BY_HEADER = "x-prme-forwarded-by"
 """On a response: the entry node forwarded the request (one hop more than needed)."""
 NOT_OWNER_HEADER = "x-prme-not-owner"
 """On a 503: this node does not own the partition (any more); ask the map again."""
+STARTING_HEADER = "x-prme-starting"
+"""On a 503: this node is starting and serves nothing yet (no request reached its app)."""
 
 
 class WaitRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

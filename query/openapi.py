@@ -26,7 +26,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     "another embedding provider",
     413: "payload_too_large: the body is over limits.max_body_bytes",
     503: "shard_unavailable / transport_unavailable: the owner is not projected by this "
-    "process, the projector stopped, or the log is unreachable",
+    "process, the projector stopped, or the log is unreachable (with Retry-After, unless "
+    "the body lists what was written); not_ready: the node is starting and did nothing",
     504: "consistency_timeout: a write or the after token was not applied within "
     "query.consistency_timeout_s; append_unconfirmed: the log did not confirm the write in "
     "time and may still take it (retry with the same request_id)",

@@ -520,11 +520,13 @@ def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[Any]:
         if status >= 500:
             log.warning("request failed: %s", error)
         headers: dict[str, str] = {}
-        if isinstance(error, ShardUnavailable):
+        written = getattr(error, "written", None)
+        if isinstance(error, ShardUnavailable) and not written:
+            # A write on the log is not to be sent again (without request ids it would be
+            # written twice): its answer says what was written, and invites no resend.
             headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
         if isinstance(error, NotOwner):
             headers[NOT_OWNER_HEADER] = "1"
-        written = getattr(error, "written", None)
         if written:  # appended before it failed: say what is on the log
             return _error(status, kind, str(error), headers, written=written)
         return _error(status, kind, str(error), headers)

@@ -22,6 +22,7 @@ import msgspec
 import pytest
 
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.query.advertised_check import STARTING_ANSWER
 from prme.query.engine import MemoryEngine
 from prme.query.http_client import HttpMemoryBackend
 from prme.query.http_types import NODE_KEEP_ALIVE_S
@@ -461,3 +462,56 @@ async def test_an_unreachable_owner_is_logged_once_while_a_read_waits_for_the_ma
         assert read.status_code == 503, read.text
         lines = [r for r in caplog.records if r.getMessage().startswith("forward to ")]
         assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+async def starting(hop: Hop, writer: asyncio.StreamWriter) -> bool:
+    """What a node answers while it starts (before it serves: it checks its advertised
+    URL), and closes."""
+    writer.write(STARTING_ANSWER)
+    await writer.drain()
+    return False
+
+
+async def test_a_write_whose_owner_is_starting_is_appended_here_and_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """From a new-user trial: writes sent through another node while the owner's node
+    restarted got the owner's 503 not_ready ("this node is starting") relayed, and writes
+    appended meanwhile a 503 shard_unavailable with Retry-After whose body said not to send
+    them again. A starting owner is now an unreachable one: the write is appended here
+    (nothing reached the owner's app), and its wait to be applied asks again until the
+    owner serves."""
+    standin = StandIn([starting, starting, answer(200, {})])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        write = {"user_id": node.owner, "content": "sent while the owner restarts"}
+        response = await node.http.post("/v1/memories", json=write)
+        assert response.status_code == 201, response.text
+        assert await node.appended() == 1
+        assert [hop.request_line.split()[1] for hop in standin.hops] == [
+            b"/v1/memories",
+            b"/v1/cluster/wait",
+            b"/v1/cluster/wait",
+        ]
+
+
+async def test_a_read_whose_owner_is_starting_is_asked_again(tmp_path: Path) -> None:
+    standin = StandIn([starting, starting, answer(200, [])])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        read = await node.http.get("/v1/history", params={"user_id": node.owner})
+        assert (read.status_code, read.json()) == (200, [])
+        assert len(standin.hops) == 3
+
+
+async def test_a_write_on_the_log_whose_wait_failed_has_no_retry_after(tmp_path: Path) -> None:
+    """The write is on the log and will be applied: its error says what was written and
+    not to send it again without a request id, so it must not carry ``Retry-After``."""
+    refused = {"error": "shard_unavailable", "detail": "the projector stopped"}
+    standin = StandIn([starting, answer(503, refused)])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        write = {"user_id": node.owner, "content": "written, then the wait fails"}
+        response = await node.http.post("/v1/memories", json=write)
+        assert response.status_code == 503, response.text
+        assert "retry-after" not in response.headers
+        body = response.json()
+        assert len(body["written"]) == 1 and "do not send it again" in body["detail"]
+        assert await node.appended() == 1
