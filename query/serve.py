@@ -99,6 +99,7 @@ async def _serve(
             timeout_keep_alive=NODE_KEEP_ALIVE_S,  # the hop pool lets one go before this
         )
         server = _ClosingServer(config, sockets)
+        log.info("serving %s on %s; %s", url, _addresses(sockets), describe_log(settings))
         watcher = asyncio.create_task(_stop_on(shutdown, server)) if shutdown else None
         try:
             await server.serve(sockets=_tcp_sockets(sockets))
@@ -168,6 +169,26 @@ async def _catch_up(engine: MemoryEngine) -> None:
         await engine.runner.catch_up(timeout_s=24 * 3600.0)
     except Exception as error:
         log.warning("catching up stopped: %s", error)
+
+
+def describe_log(settings: Settings) -> str:
+    """Which log a node reads, for its first line: a misconfigured node says so at once."""
+    log_settings = settings.log
+    if log_settings.transport == "kafka":
+        return (
+            f"log: Kafka at {log_settings.bootstrap}, topic {log_settings.topic}, "
+            f"group {settings.cluster.group}; data dir {settings.data_dir}"
+        )
+    return f"log: embedded, {log_settings.partitions} partitions in {settings.data_dir}"
+
+
+def _addresses(sockets: Sequence[socket.socket]) -> str:
+    return ", ".join(
+        "{}:{}".format(*sock.getsockname()[:2])
+        if sock.family in (socket.AF_INET, socket.AF_INET6)
+        else str(sock.getsockname())
+        for sock in sockets
+    )
 
 
 def left_group(settings: Settings) -> str:

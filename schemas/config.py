@@ -285,7 +285,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             path = name[len("PRME_") :].lower().split("__")
             if path[0] not in fields:
                 # PRME_* variables of the tooling (PRME_KAFKA_BOOTSTRAP, PRME_KAFKA_HEAP, ...)
-                # are not settings; an unknown key inside a section is still an error.
+                # are not settings; one shaped like a setting is a misspelt one.
+                _refuse_misspelt(cls, name)
                 continue
             node = tree
             for part in path[:-1]:
@@ -323,6 +324,31 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.models_dir:
             return Path(self.models_dir)
         return Path(os.path.expanduser("~/.cache/prme/models"))
+
+
+def _refuse_misspelt(cls: type[Settings], name: str) -> None:
+    """ConfigurationError for a ``PRME_`` variable shaped like a setting that is none: a
+    section's key after one underscore instead of two (``PRME_LOG_TRANSPORT``), or an
+    unknown section before ``__`` (``PRME_LOGS__TRANSPORT``). Ignored, either one would
+    leave the default in place without a word (a node on the embedded log, not Kafka)."""
+    rest = name[len("PRME_") :]
+    sections = {
+        field.name: field.type
+        for field in msgspec.structs.fields(cls)
+        if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct)
+    }
+    if "__" in rest:
+        raise ConfigurationError(
+            f"{name} is not a setting: no section {rest.split('__')[0].lower()!r} "
+            f"(sections: {', '.join(sorted(sections))})"
+        )
+    lowered = rest.lower()
+    for section, section_type in sections.items():
+        key = lowered.removeprefix(section + "_")
+        if key != lowered and key in {f.name for f in msgspec.structs.fields(section_type)}:
+            raise ConfigurationError(
+                f"{name} is not a setting: did you mean PRME_{section.upper()}__{key.upper()}?"
+            )
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

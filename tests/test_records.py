@@ -130,6 +130,28 @@ def test_unknown_or_invalid_settings_are_refused() -> None:
         Settings.from_env({"PRME_LOG__NO_SUCH_THING": "1"})
 
 
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("PRME_LOG_TRANSPORT", "PRME_LOG__TRANSPORT"),
+        ("PRME_CLUSTER_SECRET", "PRME_CLUSTER__SECRET"),
+        ("PRME_QUERY_CONSISTENCY_TIMEOUT_S", "PRME_QUERY__CONSISTENCY_TIMEOUT_S"),
+        ("PRME_LOGS__TRANSPORT", None),
+        ("PRME_DATADIR__X", None),
+    ],
+)
+def test_a_misspelt_setting_is_refused_not_ignored(name: str, meant: str | None) -> None:
+    """From a new-user trial: PRME_LOG_TRANSPORT=kafka (one underscore) and
+    PRME_LOGS__TRANSPORT=kafka started a node on the embedded log without a word, outside
+    the cluster it was meant for; a misspelt key inside a section was already refused."""
+    with pytest.raises(ConfigurationError, match=name) as refused:
+        Settings.from_env({name: "kafka"})
+    if meant is not None:
+        assert f"did you mean {meant}?" in str(refused.value)
+    else:
+        assert "sections:" in str(refused.value)
+
+
 def test_weights_and_timeouts_are_finite_and_zero_counts_stay_valid() -> None:
     """An infinite weight made every fused score nan (inf * 0); 0 standbys, a 0 weight
     and a 0 s consistency wait are meaningful and stay valid."""
