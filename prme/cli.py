@@ -545,8 +545,15 @@ async def _rebuild(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import httpx
 
+    from prme.query.http_types import node_urls
+    from prme.schemas.errors import ConfigurationError
+
     settings = _settings(args)
-    url = (args.url or f"http://{settings.service.host}:{settings.service.port}").rstrip("/")
+    try:
+        (url,) = node_urls(args.url or f"http://{settings.service.host}:{settings.service.port}")
+    except ConfigurationError as error:
+        print(f"prme status: --url: {error}", file=sys.stderr)
+        return 2
     key = args.api_key or settings.api_key  # PRME_API_KEY keeps it off the command line
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:

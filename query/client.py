@@ -18,7 +18,7 @@ from prme.schemas.records import Message
 
 from .backend import MemoryBackend
 from .engine import MemoryEngine
-from .http_types import RetrieveRequest, StoreRequest
+from .http_types import RetrieveRequest, StoreRequest, node_urls
 from .types import EventView, RetrieveResponse, StoreResult
 
 T = TypeVar("T")
@@ -28,6 +28,8 @@ def check_target(directory: object, url: object) -> None:
     """A client serves exactly one of a directory (embedded) or a URL (the service)."""
     if (directory is None) == (url is None):
         raise ConfigurationError("give exactly one of directory (embedded) or url (service)")
+    if url is not None:
+        node_urls(url)  # type: ignore[arg-type]  # a URL without http:// fails here, not later
 
 
 class AsyncMemoryClient(MemoryBackend):

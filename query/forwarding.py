@@ -40,6 +40,7 @@ from prme.schemas.errors import Unauthenticated
 from .auth import ApiKeys, Caller
 from .cluster import ClusterRouter, HopBroken, HopRefused, NodeRefused, NotOwner
 from .http_types import FORWARDED_BY_HEADER, NOT_OWNER_HEADER, SERVED_BY_HEADER, ErrorBody
+from .observe import CALLER_STATE
 from .routes import Route, carries_request_ids, is_repeatable, route_of
 
 WRITE_OWNER_WAIT_S = 2.0
@@ -100,6 +101,10 @@ class ForwardingMiddleware:
         if caller is None:  # 401 or 403, answered by the app
             await self.app(scope, replay, stamped)
             return
+        # The access log names the owner of a forwarded request too (the app, if it serves
+        # the request here after all, sets its own caller).
+        caller.acted_for.append(owner)
+        scope.setdefault("state", {})[CALLER_STATE] = caller
         target = str(scope.get("raw_path", b"").decode() or scope["path"])
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode()

@@ -37,6 +37,7 @@ from .http_types import (
     SupersedeRequest,
     check_ids,
     format_token,
+    node_urls,
 )
 from .pooled_http import ResendingPool
 from .routes import safe_to_resend
@@ -66,10 +67,7 @@ class HttpMemoryBackend(MemoryBackend):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        seeds = [url] if isinstance(url, str) else list(url)
-        if not seeds:
-            raise InvalidInput("url: give at least one node URL")
-        self._routes = ClusterRoutes([u.rstrip("/") for u in seeds])
+        self._routes = ClusterRoutes(node_urls(url))
         self._http = ResendingPool(
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),

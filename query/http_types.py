@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -20,7 +21,7 @@ from prme.producers.producer import (
 )
 from prme.producers.transport import Position
 from prme.schemas.cluster import ClusterMember, TopicRefused
-from prme.schemas.errors import InvalidInput, patterns_in_words
+from prme.schemas.errors import ConfigurationError, InvalidInput, patterns_in_words
 from prme.schemas.records import (
     ERASABLE_OWNER_PATTERN,
     ID_PATTERN,
@@ -276,6 +277,24 @@ SECRET_HEADER = "x-prme-cluster-secret"
 """On a forwarded request: the cluster's shared secret."""
 CALLER_HEADER = "x-prme-forwarded-caller"
 """On a forwarded request: the owner (or ``*``) whose key the entry node authenticated."""
+
+
+def node_urls(url: str | Sequence[str]) -> list[str]:
+    """The node URLs a client or command was given, without a trailing ``/``;
+    ConfigurationError for one that is not ``http(s)://host[:port]`` (``127.0.0.1:8765``
+    was taken and failed at the first request with httpx's words)."""
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise ConfigurationError("url: give at least one node URL")
+    for each in urls:
+        parts = urlsplit(each) if isinstance(each, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError(
+                f"url {each!r} is not a node URL: give http://host:port (or https://...)"
+            )
+    return [each.rstrip("/") for each in urls]
+
+
 SERVED_BY_HEADER = "x-prme-served-by"
 """On every response of a served node: the node that answered."""
 FORWARDED_BY_HEADER = "x-prme-forwarded-by"

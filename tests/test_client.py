@@ -81,6 +81,16 @@ def test_clients_of_one_directory_share_one_engine(tmp_path: Path) -> None:
         reopened.close()
 
 
+@pytest.mark.parametrize(
+    "url", ["127.0.0.1:8765", "localhost:8765", "ftp://x", ["http://a:1", "b:2"], []]
+)
+def test_a_client_url_without_http_is_refused_when_the_client_is_made(url: object) -> None:
+    """From a new-user trial: MemoryClient(url="127.0.0.1:8765") was accepted and failed at
+    its first call with httpx's "missing an 'http://'"."""
+    with pytest.raises(ConfigurationError, match="node URL"):
+        MemoryClient(url=url)  # type: ignore[arg-type]
+
+
 def test_a_client_needs_exactly_one_of_directory_or_url(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError):
         MemoryClient()

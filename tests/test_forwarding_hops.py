@@ -515,3 +515,22 @@ async def test_a_write_on_the_log_whose_wait_failed_has_no_retry_after(tmp_path:
         body = response.json()
         assert len(body["written"]) == 1 and "do not send it again" in body["detail"]
         assert await node.appended() == 1
+
+
+async def test_the_entry_node_logs_the_owner_of_a_request_it_forwards(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """From a new-user trial: the node a request reached logged a forwarded request
+    without ``owner=``, so its lines could not be matched with the owner's node's."""
+    from prme.query.observe import owner_hash
+
+    standin = StandIn([answer(200, [])])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        with caplog.at_level(logging.INFO, logger="prme.http"):
+            read = await node.http.get("/v1/history", params={"user_id": node.owner})
+        assert read.status_code == 200
+        lines = [r.getMessage() for r in caplog.records if r.name == "prme.http"]
+        assert any(
+            line.startswith("GET /v1/history 200") and f"owner={owner_hash(node.owner)}" in line
+            for line in lines
+        ), lines

@@ -122,6 +122,12 @@ async def test_status_without_a_service_says_so(unused_tcp_port: int) -> None:
     assert code == 1 and "no PRME service answers" in err
 
 
+async def test_status_with_a_url_without_http_says_what_a_url_is() -> None:
+    """It said "no PRME service answers at localhost:8765" (a trial): the URL was wrong."""
+    code, _, err = await prme_status("--url", "localhost:8765")
+    assert code == 2 and "give http://host:port" in err
+
+
 def test_sizes_count_the_blocks_a_sparse_file_takes_not_its_length(tmp_path: Any) -> None:
     from prme.projectors.status import model_sizes
 
