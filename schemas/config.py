@@ -304,7 +304,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         try:
             return msgspec.convert(tree, cls, strict=False)
         except msgspec.ValidationError as error:
-            raise ConfigurationError(f"invalid settings: {error}") from error
+            hint = ""
+            if any(f"Expected `{kind}`, got `str`" in str(error) for kind in ("object", "array")):
+                hint = " (a PRME_ variable gives an object or a list as JSON: '{\"key\": ...}')"
+            raise ConfigurationError(f"invalid settings: {error}{hint}") from error
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with top-level fields (or nested dicts) changed; self is not modified."""

@@ -152,6 +152,13 @@ def test_a_misspelt_setting_is_refused_not_ignored(name: str, meant: str | None)
         assert "sections:" in str(refused.value)
 
 
+def test_an_object_setting_given_as_plain_text_says_it_takes_json() -> None:
+    """From a new-user trial: PRME_SERVICE__API_KEYS='not json' said only "Expected
+    `object`, got `str`"."""
+    with pytest.raises(ConfigurationError, match="gives an object or a list as JSON"):
+        Settings.from_env({"PRME_SERVICE__API_KEYS": "not json"})
+
+
 def test_weights_and_timeouts_are_finite_and_zero_counts_stay_valid() -> None:
     """An infinite weight made every fused score nan (inf * 0); 0 standbys, a 0 weight
     and a 0 s consistency wait are meaningful and stay valid."""
