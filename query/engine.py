@@ -342,10 +342,10 @@ class MemoryEngine(MemoryBackend):
         """On Kafka the request-id check before an append sees this node's recent writes
         and the applied ones (``_first_writes``): a write with the same id that another
         node appended and that is not applied yet (an owner's node down, two nodes took the
-        two writes) passes it, and only the first on the log is applied. Once applied, the first copy of the id
-        (the applied events of the partitions held here, in one call; the owner's node for
-        the others) must be this write, or say what it says; otherwise the conflict the
-        check missed is answered (409), and this record, on the log, is never applied."""
+        two writes) passes it, and only the first on the log is applied. Once applied, the
+        first copy of the id (``_first_writes`` again) must be this write, or say what it
+        says; otherwise the conflict the check missed is answered (409), and this record,
+        on the log, is never applied."""
         keyed = {
             dedupe_key(record.owner, record.request_id): (record, result)
             for record, result in zip(records, results, strict=True)
@@ -387,15 +387,11 @@ class MemoryEngine(MemoryBackend):
         found = await self.runner.first_writes(keys)
         if self.router is None:
             return found
-        held = self.runner.shards
+        router = self.router
         elsewhere = [
-            (key, *split_dedupe_key(key))
-            for key in keys
-            if key not in found
-            and self._transport.partition_for(
-                split_dedupe_key(key)[0].encode("utf-8", "surrogatepass")
-            )
-            not in held
+            (key, owner, request_id)
+            for key, (owner, request_id) in ((k, split_dedupe_key(k)) for k in keys)
+            if key not in found and router.partition_of(owner) not in self.runner.shards
         ]
         slots = asyncio.Semaphore(FIRST_WRITE_LOOKUPS)
 
@@ -422,7 +418,7 @@ class MemoryEngine(MemoryBackend):
             if self.router is not None:
                 target = f"/v1/events/{quote(event_id, safe='')}?user_id={quote(owner, safe='')}"
                 response = await self.router.forward(
-                    self._transport.partition_for(owner.encode("utf-8", "surrogatepass")),
+                    self.router.partition_of(owner),
                     "GET",
                     target,
                     caller=owner,
