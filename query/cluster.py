@@ -342,6 +342,9 @@ class ClusterRouter:
                     timeout_s=left + answer_s,
                     resendable=repeatable or resendable,
                 )
+                if response.status_code == 503 and response.headers.get(STARTING_HEADER):
+                    # It answers this before it serves: no request reached its app.
+                    raise httpx.ConnectError(f"{url} is starting")
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # nothing was sent
                 self.metrics.cluster_forwards.labels("unreachable").inc()
                 if not repeatable:
@@ -363,27 +366,6 @@ class ClusterRouter:
                     ) from error
                 self.metrics.cluster_forwards.labels("unreachable").inc()
             else:
-                if response.status_code == 503 and response.headers.get(STARTING_HEADER):
-                    # Nothing reached the owner's app: as unreachable as a refused connection.
-                    self.metrics.cluster_forwards.labels("unreachable").inc()
-                    if not repeatable:
-                        raise OwnerUnreachable(
-                            f"partition {partition}: its owner {url} is starting"
-                        )
-                    self._log_at_most(
-                        UNREACHABLE_LOG_EVERY_S,
-                        "unreachable",
-                        url,
-                        logging.INFO,
-                        f"forward to {url}: the node is starting; waiting for it",
-                    )
-                    if loop.time() >= deadline:
-                        raise NotOwner(
-                            f"partition {partition}: its owner {url} was still starting after "
-                            f"{timeout_s:.1f}s"
-                        )
-                    await self._await_change(deadline - loop.time())
-                    continue
                 if response.status_code == 401:  # the hop, not the client: it was checked
                     refused = HopRefused(
                         f"partition {partition}: its owner {url} refused this node's cluster "
