@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
-from litestar import Litestar, Request, Response, Router, delete, get, post
+from litestar import Litestar, Request, Response, Router, delete, get, head, post
 from litestar._openapi.schema_generation import SchemaCreator
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
@@ -217,6 +217,27 @@ async def health() -> Health:
     responses={503: ResponseSpec(Readiness, description="not ready: see detail")},
 )
 async def ready(engine: EngineDep) -> Response[Readiness]:
+    body = await readiness(engine)
+    return Response(body, status_code=200 if body.ready else 503)
+
+
+@head("/health", summary="Liveness, without a body (load balancers' HEAD checks)", tags=["service"])
+async def health_head() -> None:
+    return None
+
+
+@head(
+    "/ready",
+    summary="Readiness as a status only: 200 or 503",
+    tags=["service"],
+    responses={503: ResponseSpec(None, description="not ready: GET says why")},
+)
+async def ready_head(engine: EngineDep) -> Response[None]:
+    return Response(None, status_code=200 if (await readiness(engine)).ready else 503)
+
+
+async def readiness(engine: MemoryEngine) -> Readiness:
+    """Projecting and caught up (a serve-only node: routing), and if not, why."""
     runner = engine.runner
     shards = dict(runner.shards)
     ends = await read_log_ends(runner)  # bounded: a probe answers whatever the log does
@@ -248,8 +269,7 @@ async def ready(engine: EngineDep) -> Response[Readiness]:
         known = "never read" if ends.age_s is None else f"last read {ends.age_s:.0f}s ago"
         ok = False
         detail = f"{ends.unavailable} (log end unknown: {known}); {detail}"
-    body = Readiness(ready=ok, detail=detail, partitions=sorted(shards), lag=lag)
-    return Response(body, status_code=200 if ok else 503)
+    return Readiness(ready=ok, detail=detail, partitions=sorted(shards), lag=lag)
 
 
 # -- writes ---------------------------------------------------------------------------
@@ -617,7 +637,9 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
         guards=[authenticating_guard(engine, api_keys), check_query_parameters],
         security=security,
     )
-    open_routes = Router("/v1", route_handlers=[health, ready, cluster, cluster_wait])
+    open_routes = Router(
+        "/v1", route_handlers=[health, health_head, ready, ready_head, cluster, cluster_wait]
+    )
     middleware = [
         DefineMiddleware(RequestObserver, metrics=engine.metrics),
         DefineMiddleware(SingleQueryValues),

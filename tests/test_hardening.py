@@ -344,6 +344,15 @@ async def test_an_unsupported_method_is_405_with_allow(http: httpx.AsyncClient) 
         assert allowed <= {m.strip() for m in response.headers["allow"].split(",")}
 
 
+async def test_health_and_ready_answer_head_like_get(http: httpx.AsyncClient) -> None:
+    """From a new-user trial: HEAD /v1/health answered 405 (load balancers and uptime
+    checks use HEAD)."""
+    for path in ("/v1/health", "/v1/ready"):
+        got, headed = await http.get(path), await http.head(path)
+        assert headed.status_code == got.status_code, path
+        assert headed.content == b""
+
+
 # -- 6: the OpenAPI document describes the service -------------------------------------------
 
 
