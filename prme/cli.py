@@ -549,10 +549,13 @@ def _status(args: argparse.Namespace) -> int:
     from prme.schemas.errors import ConfigurationError
 
     settings = _settings(args)
+    host = settings.service.host
+    served = f"http://{f'[{host}]' if ':' in host else host}:{settings.service.port}"
     try:
-        (url,) = node_urls(args.url or f"http://{settings.service.host}:{settings.service.port}")
+        (url,) = node_urls(args.url or served)
     except ConfigurationError as error:
-        print(f"prme status: --url: {error}", file=sys.stderr)
+        given = "--url" if args.url else "PRME_SERVICE__HOST / PRME_SERVICE__PORT"
+        print(f"prme status: {given}: {error}", file=sys.stderr)
         return 2
     key = args.api_key or settings.api_key  # PRME_API_KEY keeps it off the command line
     headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -29,6 +29,8 @@ from .http_types import SERVED_BY_HEADER, STARTING_HEADER
 
 PROBE_HEADER = "x-prme-probe"
 _MAX_HEAD_BYTES = 16_384
+_MAX_DRAIN_BYTES = 64 * 1024 * 1024
+_DRAIN_S = 5.0
 STARTING_ANSWER = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
     b"retry-after: 1\r\n" + STARTING_HEADER.encode() + b": 1\r\n"
@@ -137,10 +139,33 @@ async def _reply(
     with conn:
         head = await _read_head(loop, conn)
         own = nonce.encode() in head and PROBE_HEADER.encode() in head.lower()
+        if not own:
+            # A body left unread makes the close a reset, which the client (another node
+            # forwarding a large write) reads as a hop broken after sending, not a 503.
+            await _drain_body(loop, conn, head)
         with contextlib.suppress(OSError):
             await loop.sock_sendall(conn, _OWN if own else STARTING_ANSWER)
         if own:
             reached.set()
+
+
+async def _drain_body(loop: asyncio.AbstractEventLoop, conn: socket.socket, head: bytes) -> None:
+    """Read the rest of the request's ``content-length`` body (at most
+    ``_MAX_DRAIN_BYTES``, for at most ``_DRAIN_S``) and drop it."""
+    _, _, received = head.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            length = min(int(value.strip()), _MAX_DRAIN_BYTES)
+    left = length - len(received)
+    with contextlib.suppress(OSError, TimeoutError):
+        async with asyncio.timeout(_DRAIN_S):
+            while left > 0:
+                chunk = await loop.sock_recv(conn, min(left, 1 << 16))
+                if not chunk:
+                    break
+                left -= len(chunk)
 
 
 async def _read_head(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:

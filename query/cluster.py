@@ -305,12 +305,13 @@ class ClusterRouter:
         headers: Mapping[str, str],
         timeout_s: float,
         resendable: bool = False,
+        wait_for_unreachable: bool = True,
     ) -> httpx.Response | None:
         """Send the request to ``partition``'s owner and return its answer; None when this
         node owns the partition (serve it here). Retries, until ``timeout_s``, while the
         owner is unreachable or answers that it does not own the partition; a write
         (not repeatable) whose owner refuses the connection raises ``OwnerUnreachable``
-        at once. An answer is awaited as long as the owner may take to give it: a read's,
+        at once, and so does a read with ``wait_for_unreachable=False``. An answer is awaited as long as the owner may take to give it: a read's,
         the owner's consistency timeout (its wait for a token or for the partition); a
         write's, its wait for the partition, the append and the wait to apply it.
         ``resendable``: a write whose request ids make it harmless to send twice (the
@@ -347,7 +348,7 @@ class ClusterRouter:
                     raise httpx.ConnectError(f"{url} is starting")
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # nothing was sent
                 self.metrics.cluster_forwards.labels("unreachable").inc()
-                if not repeatable:
+                if not repeatable or not wait_for_unreachable:
                     raise OwnerUnreachable(
                         f"partition {partition}: its owner {url} is unreachable ({error!r})"
                     ) from error

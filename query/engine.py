@@ -8,6 +8,7 @@ the topic and projects the partitions its consumer group assigns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -54,7 +55,7 @@ from prme.schemas.records import Message, Record, memory_node_id
 from prme.schemas.tracing import Tracing
 
 from .backend import MemoryBackend
-from .cluster import ClusterRouter
+from .cluster import OWNER_ANSWER_MARGIN_S, ClusterRouter
 from .data_lock import DataDirLock
 from .http_types import (
     MAX_TOP_K,
@@ -77,8 +78,9 @@ from .tokens import TokenCounter
 from .types import EventView, RetrieveResponse, StoreResult, with_record
 
 FIRST_WRITE_OWNER_WAIT_S = 1.0
-"""How long the check before a keyed append waits for another node's owner to answer
-where a request id was first written (an unreachable owner: the append goes on)."""
+"""How long the check before a keyed append waits, in all, for other nodes' owners to
+answer where its request ids were first written (an unreachable owner: the append goes
+on at once)."""
 
 FIRST_WRITE_LOOKUPS = 16
 """Owners' nodes asked at once for the first writes of a batch's request ids."""
@@ -351,9 +353,10 @@ class MemoryEngine(MemoryBackend):
             for record, result in zip(records, results, strict=True)
             if record.request_id is not None
         }
-        firsts = await self._first_writes(
-            list(keyed), owner_wait_s=self.settings.query.consistency_timeout_s
-        )
+        # The owner may itself wait its consistency timeout (a partition catching up).
+        owner_wait_s = self.settings.query.consistency_timeout_s + OWNER_ANSWER_MARGIN_S
+        firsts = await self._first_writes(list(keyed), owner_wait_s=owner_wait_s)
+        conflicts: list[str] = []
         for key, (record, result) in keyed.items():
             if key not in firsts:
                 continue  # not readable now: best effort, as before
@@ -363,17 +366,18 @@ class MemoryEngine(MemoryBackend):
             # This process took its own write for the first: let the next check ask the
             # applied events (keys sharing the prefix are asked again too).
             await self._transport.forget_dedupe(key)
-            others = (
-                f" The other {len(records) - 1} write(s) of this batch are applied."
-                if len(records) > 1
-                else ""
-            )
-            raise RequestIdConflict(
+            conflicts.append(
                 f"{reused_request_id(record.owner, record.request_id or '')}: that write "
                 f"reached the log first ({position.partition}:{position.offset}) and is the "
                 f"one applied; this one is on the log too ({result.token.partition}:"
-                f"{result.token.offset}) and will not be applied.{others} A retry must send "
-                "the same content (use a new request_id for a new write)"
+                f"{result.token.offset}) and will not be applied"
+            )
+        if conflicts:
+            applied = len(records) - len(conflicts)
+            others = f" The other {applied} write(s) of this batch are applied." if applied else ""
+            raise RequestIdConflict(
+                f"{'; '.join(conflicts)}.{others} A retry must send the same content (use a "
+                "new request_id for a new write)"
             )
 
     async def _first_writes(
@@ -382,8 +386,9 @@ class MemoryEngine(MemoryBackend):
         """``FirstWrites`` across the cluster: of ``keys`` (dedupe keys), the applied first
         copy of each write, with its position and fingerprint, read from the events of the
         partitions held here and, for the others, from their owners' nodes (waiting at most
-        ``owner_wait_s`` for one). A key that cannot be read now is left out: the append
-        goes on, and the check after it (``_check_applied_as_written``) is the backstop."""
+        ``owner_wait_s`` for them all; an unreachable owner is not waited for). A key that
+        cannot be read now is left out: the append goes on, and the check after it
+        (``_check_applied_as_written``) is the backstop."""
         found = await self.runner.first_writes(keys)
         if self.router is None:
             return found
@@ -397,18 +402,18 @@ class MemoryEngine(MemoryBackend):
 
         async def ask(key: str, owner: str, request_id: str) -> None:
             async with slots:
-                try:  # an owner that answers nothing (hung, or catching up) is skipped too
-                    async with asyncio.timeout(owner_wait_s):
-                        copy = await self._applied_event(
-                            request_event_id(owner, request_id), owner, owner_wait_s
-                        )
-                except TimeoutError:
-                    return
+                copy = await self._applied_event(
+                    request_event_id(owner, request_id), owner, owner_wait_s
+                )
             if copy is not None:
                 position = Position(copy.partition, copy.offset)
                 found[key] = (position, request_fingerprint(copy.record))
 
-        await asyncio.gather(*(ask(*item) for item in elsewhere))
+        # One deadline for all of them: an owner that answers nothing (hung, or catching
+        # up) costs the append ``owner_wait_s`` once, and an unreachable one nothing.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(owner_wait_s):
+                await asyncio.gather(*(ask(*item) for item in elsewhere))
         return found
 
     async def _applied_event(self, event_id: str, owner: str, timeout_s: float) -> EventView | None:
@@ -425,6 +430,7 @@ class MemoryEngine(MemoryBackend):
                     body=b"",
                     headers={},
                     timeout_s=timeout_s,
+                    wait_for_unreachable=False,  # a crashed owner: the write goes on at once
                 )
                 if response is not None:
                     if response.status_code != 200:

@@ -287,8 +287,17 @@ def node_urls(url: str | Sequence[str]) -> list[str]:
     if not urls:
         raise ConfigurationError("url: give at least one node URL")
     for each in urls:
-        parts = urlsplit(each) if isinstance(each, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(each) if isinstance(each, str) else None
+            valid = (
+                parts is not None
+                and parts.scheme in ("http", "https")
+                and bool(parts.hostname)
+                and (parts.port is None or parts.port > 0)  # a bad port raises ValueError
+            )
+        except ValueError:
+            valid = False
+        if not valid:
             raise ConfigurationError(
                 f"url {each!r} is not a node URL: give http://host:port (or https://...)"
             )

@@ -4,6 +4,7 @@ partitions, and kept them when the right node restarted)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -77,3 +78,28 @@ async def test_idle_early_connections_do_not_hold_up_the_probe() -> None:
         started = time.monotonic()
         assert await check_advertised_url(url, [own], timeout_s=1.5) is True
         assert time.monotonic() - started < 1.0
+
+
+async def test_a_large_request_to_a_starting_node_gets_the_starting_answer() -> None:
+    """From a review: the starting answer was sent with the body unread, so the close reset
+    the connection and a node forwarding a 4 MB write to a starting owner read a broken
+    hop (504 append_unconfirmed, "may have been applied") instead of the 503 that lets it
+    append the write itself."""
+    import asyncio
+
+    from prme.query.advertised_check import _answer
+
+    with _bound() as starting:
+        url = f"http://127.0.0.1:{starting.getsockname()[1]}"
+        accepting = asyncio.create_task(_answer(starting, "nonce", asyncio.Event()))
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                for size in (10, 4 * 1024 * 1024):
+                    response = await client.post(url + "/v1/memories", content=b"x" * size)
+                    assert response.status_code == 503, size
+                    assert response.headers["x-prme-starting"] == "1"
+                    assert response.json()["error"] == "not_ready"
+        finally:
+            accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await accepting

@@ -82,7 +82,8 @@ def test_clients_of_one_directory_share_one_engine(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["127.0.0.1:8765", "localhost:8765", "ftp://x", ["http://a:1", "b:2"], []]
+    "url",
+    ["127.0.0.1:8765", "localhost:8765", "ftp://x", ["http://a:1", "b:2"], [], "http://[::1"],
 )
 def test_a_client_url_without_http_is_refused_when_the_client_is_made(url: object) -> None:
     """From a new-user trial: MemoryClient(url="127.0.0.1:8765") was accepted and failed at

@@ -21,6 +21,7 @@ import httpx
 import msgspec
 import pytest
 
+from prme.producers.transport import dedupe_key
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.query.advertised_check import STARTING_ANSWER
 from prme.query.engine import MemoryEngine
@@ -69,6 +70,7 @@ class StandIn:
     """Drop with a reset (SO_LINGER 0), as a kernel does for a socket closed with data
     unread, instead of a plain close."""
     url: str = ""
+    server: asyncio.Server | None = None
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -145,6 +147,7 @@ async def answer_half(hop: Hop, writer: asyncio.StreamWriter) -> bool:
 async def stand_in(standin: StandIn) -> AsyncIterator[StandIn]:
     server = await asyncio.start_server(standin.serve, "127.0.0.1", 0)
     standin.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    standin.server = server
     try:
         yield standin
     finally:
@@ -534,3 +537,50 @@ async def test_the_entry_node_logs_the_owner_of_a_request_it_forwards(
             line.startswith("GET /v1/history 200") and f"owner={owner_hash(node.owner)}" in line
             for line in lines
         ), lines
+
+
+async def hang_on_events(hop: Hop, writer: asyncio.StreamWriter) -> bool:
+    """An owner that takes writes and never answers a lookup of an event."""
+    if b" /v1/events/" in hop.request_line:
+        await asyncio.sleep(30)
+        return False
+    return await answer(200, {})(hop, writer)
+
+
+def keys_of(node: Forwarder, count: int) -> list[str]:
+    """Dedupe keys of ``count`` owners whose partition the stand-in owns."""
+    router = node.engine.router
+    assert router is not None
+    partition = router.partition_of(node.owner)
+    owners = [o for o in (f"owner-{i}" for i in range(5000)) if router.partition_of(o) == partition]
+    return [dedupe_key(owner, "r-1") for owner in owners[:count]]
+
+
+async def test_looking_up_request_ids_on_a_hung_owner_costs_one_second_in_all(
+    tmp_path: Path,
+) -> None:
+    """On Kafka a node appending keyed writes of partitions it does not hold asks their
+    owners where each request id was first written. From a review: each lookup had its own
+    1 s, 16 at a time, so 40 ids on a hung owner held the append ~3 s (1,000 ids: a
+    minute). (The embedded log looks its keys up itself, so the engine is asked here.)"""
+    standin = StandIn([hang_on_events])
+    async with stand_in(standin), forwarder(tmp_path, standin) as node:
+        started = time.monotonic()
+        found = await node.engine._first_writes(keys_of(node, 40))
+        took = time.monotonic() - started
+        assert found == {}
+        assert sum(b" /v1/events/" in hop.request_line for hop in standin.hops) >= 16
+        assert took < 2.0, took
+
+
+async def test_looking_up_a_request_id_on_a_crashed_owner_ends_at_once(tmp_path: Path) -> None:
+    """An owner that refuses the connection is not waited for: the keyed write for a
+    crashed owner, appended by the node it reached, goes on at once."""
+    standin = StandIn([answer(200, {})])
+    async with stand_in(standin) as running, forwarder(tmp_path, standin) as node:
+        assert running.server is not None
+        running.server.close()  # the owner crashed: its port refuses connections
+        await running.server.wait_closed()
+        started = time.monotonic()
+        assert await node.engine._first_writes(keys_of(node, 3)) == {}
+        assert time.monotonic() - started < 0.5
