@@ -166,7 +166,7 @@ class ClusterRouter:
         return NodeRefused(f"this node serves no partition: {refusal}")
 
     def partition_of(self, owner: str) -> int:
-        return self.transport.partition_for(owner.encode())
+        return self.transport.partition_for(owner.encode("utf-8", "surrogatepass"))
 
     def owns(self, partition: int) -> bool:
         return partition in self.runner.shards

@@ -570,7 +570,7 @@ async def test_looking_up_request_ids_on_a_hung_owner_costs_one_second_in_all(
         took = time.monotonic() - started
         assert found == {}
         assert sum(b" /v1/events/" in hop.request_line for hop in standin.hops) >= 16
-        assert took < 2.0, took
+        assert took < 2.5, took  # 1 s and the engine's own work; 3 s before
 
 
 async def test_looking_up_a_request_id_on_a_crashed_owner_ends_at_once(tmp_path: Path) -> None:
@@ -583,4 +583,4 @@ async def test_looking_up_a_request_id_on_a_crashed_owner_ends_at_once(tmp_path:
         await running.server.wait_closed()
         started = time.monotonic()
         assert await node.engine._first_writes(keys_of(node, 3)) == {}
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 0.8  # it waited its whole 1 s before
