@@ -9,8 +9,9 @@ After a batch is applied, :class:`Forgetting` (one per runner, shared by its sha
   vector-cache entries, and has every model of the shard ``purge()`` what its deletes left
   in its files: SQLite models checkpoint and truncate their WAL (``secure_delete`` is on,
   so deleted rows are overwritten), the lexical index is rewritten without deleted
-  documents. A model without ``purge`` keeps nothing of the text (the vector payloads
-  hold ids and timestamps only). A vector store of another embedding identity, which is
+  documents, an embedded vector shard that deleted points is rewritten without them (its
+  files kept their vectors). A model without ``purge`` keeps nothing of the text. A vector
+  store of another embedding identity, which is
   applied no batch until ``prme rebuild --model vector``, deletes the owner's points
   here (``forget_owners``).
 

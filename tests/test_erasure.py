@@ -5,6 +5,9 @@ the owner's text, and the log keeps only the owner's envelopes (crypto-shredding
 from __future__ import annotations
 
 import asyncio
+import os
+import struct
+import threading
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -38,6 +41,50 @@ def files_holding(root: Path, marker: str) -> list[str]:
     return sorted(found)
 
 
+def vector_forms(vector: Sequence[float]) -> tuple[bytes, bytes]:
+    """A vector as the files hold it: little-endian float32 (segments, vector cache) and
+    CBOR's items (qdrant-edge's WAL): each float in the shortest form that keeps it, half
+    (``f9``) or single (``fa``) precision, big-endian."""
+    single = struct.pack(f"<{len(vector)}f", *vector)
+    items = []
+    for (component,) in struct.iter_unpack("<f", single):
+        half = struct.pack(">e", component) if abs(component) < 65504 else b""
+        if half and struct.unpack(">e", half)[0] == component:
+            items.append(b"\xf9" + half)
+        else:
+            items.append(b"\xfa" + struct.pack(">f", component))
+    return single, b"".join(items)
+
+
+def files_holding_vectors(root: Path, vectors: Sequence[Sequence[float]]) -> list[str]:
+    """Every file under ``root`` that holds one of ``vectors`` in either form (a file an
+    index build swaps away meanwhile holds nothing)."""
+    needles = [form for vector in vectors for form in vector_forms(vector)]
+    found = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder, name)
+            try:
+                data = path.read_bytes()
+            except (FileNotFoundError, IsADirectoryError):
+                continue
+            if any(needle in data for needle in needles):
+                found.append(str(path.relative_to(root)))
+    return sorted(found)
+
+
+def owner_vectors(engine: MemoryEngine, owner: str, but_not: str) -> list[list[float]]:
+    """The vectors of ``owner``'s points that ``but_not`` holds no copy of."""
+    stores = [shard.models.get("vector") for shard in engine.runner.shards.values()]
+    points = [point for store in stores if store is not None for point in store._points()]  # type: ignore[attr-defined]
+    others = {vector_forms(p.vector)[0] for p in points if p.payload.get("owner") == but_not}
+    return [
+        p.vector
+        for p in points
+        if p.payload.get("owner") == owner and vector_forms(p.vector)[0] not in others
+    ]
+
+
 def markers() -> tuple[str, str]:
     tag = uuid.uuid4().hex[:10]
     # Capitalised, so the entity extractor makes graph entities of them too.
@@ -65,7 +112,8 @@ def drafts(owner: str, marker: str) -> list[MessageDraft]:
 
 
 async def write_and_erase(engine: MemoryEngine, data_dir: Path) -> tuple[str, str, Any]:
-    """Both owners write their marker (and one text they share); alice is erased."""
+    """Both owners write their marker (and one text they share); alice is erased: neither
+    her text nor her texts' vectors stay in a file."""
     assert partition_for_key(b"alice", 4) == partition_for_key(BOB.encode(), 4)
     alice, bob = markers()
     await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
@@ -74,10 +122,13 @@ async def write_and_erase(engine: MemoryEngine, data_dir: Path) -> tuple[str, st
     stored = await engine.store(shared, BOB)
     await engine.archive(stored.node_ids[0], BOB, reason="kept")
     assert files_holding(data_dir, alice), "the marker must reach the read models first"
+    vectors = owner_vectors(engine, "alice", but_not=BOB)
+    assert len(vectors) == 2 and files_holding_vectors(data_dir, vectors)
     before = engine.runner.vector_cache.count()
     result = await engine.erase_owner("alice")
     # alice's two texts leave the cache; the text bob shares stays.
     assert engine.runner.vector_cache.count() == before - 2
+    assert files_holding_vectors(data_dir, vectors) == []
     return alice, bob, result
 
 
@@ -241,6 +292,48 @@ async def test_compaction_removes_an_erased_owners_key_from_the_broker(
             await engine.store("a later owner", f"later-{writes}")
         assert held(keys[BOB].key)
     finally:
+        await engine.close()
+
+
+async def test_an_indexed_vector_shard_and_a_build_under_way_keep_no_erased_vector(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erasure during an HNSW build: the build's copy (taken before the erasure) is not
+    swapped in, the rewritten shard holds none of the owner's vectors, and the index build
+    that is due afterwards indexes the rewritten shard."""
+    from prme.projectors.stores.vector_index_build import IndexBuilder
+
+    settings = local_settings.replace(qdrant={"index_threshold": 4})
+    data_dir = settings.data_path
+    erased = threading.Event()
+    build = IndexBuilder._build
+
+    def build_after_the_erasure(self: IndexBuilder, copy: Path) -> None:
+        erased.wait(60)
+        build(self, copy)
+
+    monkeypatch.setattr(IndexBuilder, "_build", build_after_the_erasure)
+    engine = await MemoryEngine.create(settings=settings, embedding_provider=hashed_provider)
+    try:
+        alice, bob = markers()
+        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+        await engine.store_many([*drafts(BOB, bob + "x"), *drafts(BOB, bob + "y")])
+        store = engine.runner.shards[partition_for_key(b"alice", 4)].models["vector"]
+        status = store.index_status()  # type: ignore[attr-defined]
+        assert status is not None and status.building
+        vectors = owner_vectors(engine, "alice", but_not=BOB)
+        assert len(vectors) == 2 and files_holding_vectors(data_dir, vectors)
+        await engine.erase_owner("alice")
+        erased.set()
+        assert files_holding_vectors(data_dir, vectors) == []
+        assert await asyncio.to_thread(store.wait_index_idle, 60)  # type: ignore[attr-defined]
+        status = store.index_status()  # type: ignore[attr-defined]
+        assert status is not None and status.points == 6 and status.indexed >= 6  # (+tracking)
+        assert files_holding_vectors(data_dir, vectors) == []
+        assert not list(data_dir.glob("shards/p*/vector.index-*"))
+        await check_bob_intact(engine, bob)
+    finally:
+        erased.set()
         await engine.close()
 
 

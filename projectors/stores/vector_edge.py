@@ -5,10 +5,17 @@ Only one process may open a shard directory (a second open fails with ``WouldBlo
 ``IndexPolicy.threshold`` unindexed points, ``vector_index_build`` builds the index in a
 child process on a copy and swaps it in. Until then (and for points written since the
 last build) filtered search is an exact scan of the owner's points.
+
+A deleted point's vector stays in qdrant-edge's files (its segment's vector storage, its
+WAL) until a segment is rebuilt. So after an erasure deleted points, the purge rewrites the
+shard: every remaining point is copied into a new shard directory, which replaces the live
+one (the same swap as an index build's); the old files are deleted. The new shard has no
+HNSW graph: a due build follows in the background.
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -62,8 +69,11 @@ from .vector_index_build import (
     IndexPolicy,
     IndexStatus,
     LiveShard,
+    build_directory,
     recover,
     remove_leftovers,
+    retired_directory,
+    swap_directories,
 )
 
 if TYPE_CHECKING:
@@ -106,6 +116,19 @@ def _floats_only(limit: int) -> SearchParams:
 _FLOATS_ONLY: Final = SearchParams(quantization=QuantizationSearchParams(ignore=True))
 
 
+def _create(path: Path, identity: EmbeddingIdentity) -> EdgeShard:
+    path.mkdir(parents=True, exist_ok=True)
+    vectors = EdgeVectorParams(size=identity.dimension, distance=Distance.Cosine)
+    return EdgeShard.create(str(path), EdgeConfig(vectors=vectors))
+
+
+def _index_fields(shard: EdgeShard) -> None:
+    """The payload indexes searches filter on (owner: a tenant key)."""
+    shard.update(UpdateOperation.create_field_index("owner", KeywordIndexParams(is_tenant=True)))
+    for field in ("scope", "state"):
+        shard.update(UpdateOperation.create_field_index(field, PayloadSchemaType.Keyword))
+
+
 def _match(key: str, value: str) -> FieldCondition:
     return FieldCondition(key, match=MatchValue(value))
 
@@ -129,6 +152,9 @@ class EdgeVectorModel(VectorModelBase):
         self._builder: IndexBuilder | None = None
         self._node_ids: dict[int, str] = {}
         self._erasures = 0
+        self._rewrite_due = True
+        """Deleted points may hold vectors in the files: the next purge rewrites the shard
+        (true once opened, as a purge a crash interrupted is resumed at the next open)."""
         self._primer: threading.Thread | None = None
         try:
             remove_leftovers(path)
@@ -155,20 +181,14 @@ class EdgeVectorModel(VectorModelBase):
         try:
             if (path / _CONFIG_FILE).exists():
                 return EdgeShard.load(str(path))
-            path.mkdir(parents=True, exist_ok=True)
-            vectors = EdgeVectorParams(size=identity.dimension, distance=Distance.Cosine)
-            return EdgeShard.create(str(path), EdgeConfig(vectors=vectors))
+            return _create(path, identity)
         except Exception as error:
             raise ShardUnavailable(
                 f"cannot open the vector shard at {path} (open in another process?): {error}"
             ) from error
 
     def _initialise(self) -> None:
-        self._shard.update(
-            UpdateOperation.create_field_index("owner", KeywordIndexParams(is_tenant=True))
-        )
-        for field in ("scope", "state"):
-            self._shard.update(UpdateOperation.create_field_index(field, PayloadSchemaType.Keyword))
+        _index_fields(self._shard)
         tracking = TrackingState(offset=-1, identity=self._identity)
         try:
             self._shard.update(UpdateOperation.upsert_points([self._tracking_point(tracking)]))
@@ -212,6 +232,8 @@ class EdgeVectorModel(VectorModelBase):
                 self._noted([point])
             elif isinstance(op, EraseOwner):
                 where = Filter(must=[_match("owner", op.owner)])
+                if self._shard.count(CountRequest(exact=True, filter=where)):
+                    self._rewrite_due = True
                 self._shard.update(UpdateOperation.delete_points_by_filter(where))
                 self._node_ids.clear()  # the process keeps no id of an erased owner
                 self._erasures += 1
@@ -328,10 +350,57 @@ class EdgeVectorModel(VectorModelBase):
 
     def purge(self) -> None:
         """After an erasure (:func:`erasure.purge_models`): keep no remembered node id,
-        whether or not a batch reached this model (a mismatched one is never applied to)."""
+        whether or not a batch reached this model (a mismatched one is never applied to),
+        and rewrite the shard if points were deleted (see the module's docstring)."""
         with self._live.lock:
             self._node_ids.clear()
             self._erasures += 1
+            if self._rewrite_due and not self._closed:
+                self._rewrite()
+                self._rewrite_due = False
+                if self._builder is not None:
+                    self._builder.maybe_start()
+
+    def _rewrite(self) -> None:
+        """Replace the live shard by a copy of its remaining points (hold the lock). A
+        running index build is abandoned: its copy holds the deleted points."""
+        if self._builder is not None:
+            self._builder.abandon()
+        staged = build_directory(self._path)
+        try:
+            stored = self._tracking.identity if self._tracking is not None else self._identity
+            fresh = _create(staged, stored)
+            try:
+                _index_fields(fresh)
+                cursor = None
+                while True:
+                    page, cursor = self._shard.scroll(
+                        ScrollRequest(
+                            offset=cursor, limit=_SCROLL_PAGE, with_payload=True, with_vector=True
+                        )
+                    )
+                    points = [
+                        Point(record.id, cast("list[float]", record.vector), record.payload or {})
+                        for record in page
+                        if record.vector is not None
+                    ]
+                    if points:
+                        fresh.update(UpdateOperation.upsert_points(points))
+                    if cursor is None:
+                        break
+                fresh.flush()
+            finally:
+                fresh.close()
+            self._shard.close()
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        try:
+            swap_directories(self._path, staged)
+        finally:
+            self._live.shard = EdgeShard.load(str(self._path))
+            self._live.indexed = self._live.shard.info().indexed_vectors_count > 0
+        shutil.rmtree(retired_directory(self._path), ignore_errors=True)
 
     def _points(self) -> Iterator[StoredPoint]:
         where = Filter(must_not=[HasIdCondition({_TRACKING_ID})])

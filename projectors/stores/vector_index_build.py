@@ -144,6 +144,10 @@ class IndexBuilder:
         self._thread: threading.Thread | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._cancelled = False
+        self._copy: Path | None = None
+        """The running build's copy of the shard, once taken."""
+        self._abandoned = False
+        """The running build's copy is stale (the live shard was rewritten): not swapped in."""
         self._idle = threading.Condition(threading.RLock())
         self._retry_from = 0
         """After a failed build, the point count from which to try again."""
@@ -183,6 +187,21 @@ class IndexBuilder:
                 target=self._run, name=f"prme-index-{self._live.path.name}", daemon=True
             )
             self._thread.start()
+
+    def abandon(self) -> None:
+        """Drop the running build, if any (call with the shard's lock held): its child is
+        killed, its copy deleted and not swapped in (the live shard is being replaced; the
+        build that is due next starts afresh)."""
+        with self._idle:
+            if self._thread is None:
+                return
+            self._abandoned = True
+            process, copy = self._process, self._copy
+        if process is not None:
+            process.kill()
+            process.wait()
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
 
     # -- from any thread ----------------------------------------------------------------
 
@@ -229,15 +248,18 @@ class IndexBuilder:
                 self._live.shard.flush()
                 shutil.copytree(self._live.path, copy)
                 self._journal = _Journal()
+                with self._idle:
+                    self._abandoned = False  # (abandoned before its copy: it copies the new)
+                    self._copy = copy
             self._build(copy)
             with self._live.lock:
-                if self._cancelled:
+                if self._cancelled or self._abandoned:
                     return
                 self._swap_in(copy)
                 self.builds += 1
         except Exception:
             with self._live.lock:
-                if not self._cancelled:  # (closing kills the child: not a failure)
+                if not (self._cancelled or self._abandoned):  # (their kill is no failure)
                     _log.exception("HNSW build of %s failed; the shard is unchanged", copy)
                     self._retry_from = self._counts()[0] + max(1, self._policy.threshold // 4)
         finally:
@@ -248,6 +270,8 @@ class IndexBuilder:
                 self._journal = None
                 self._thread = None
                 self._process = None
+                self._copy = None
+                self._abandoned = False
                 self.maybe_start()
                 self._idle.notify_all()
 
@@ -264,7 +288,7 @@ class IndexBuilder:
             *(["--int8"] if self._policy.quantization else []),
         ]
         with self._idle:
-            if self._cancelled:
+            if self._cancelled or self._abandoned:
                 return
             # stdin stays open: the child exits when it reads EOF (this process is gone).
             self._process = process = subprocess.Popen(
