@@ -178,7 +178,7 @@ class ProjectorRunner:
         self.changelog = (
             None
             if changelog_log is None
-            else VectorChangelog(changelog_log, self._vector_cache, self.identity)
+            else VectorChangelog(changelog_log, self._vector_cache, self.identity, self.keys)
         )
         self.restores: list[RestoreStats] = []
         """One entry per vector changelog restore this runner ran (partition, records, s)."""

@@ -2,10 +2,15 @@
 co-partitioned with the events topic (``<events topic>.vectors``).
 
 A record's key is ``<provider identity key> US <content hash> US <owner>`` (US = the
-ASCII unit separator, ``\\x1f``), its value the vector as little-endian float32 bytes —
-the vector cache's format. The owner is in the key so an erasure can tombstone exactly
-that owner's entries; the content hash is the vector cache's (sha256 of the text the
-vector channel embeds), so a loaded entry is a cache hit on replay.
+ASCII unit separator, ``\\x1f``). Its value is the vector as little-endian float32 bytes
+(the vector cache's format) sealed with the owner's data key, the key that sealed the
+record the vector was computed for: :class:`SealedVector`, AES-GCM bound to the record's
+key. So the broker holds no vector in plain, and erasing the owner's keys shreds them at
+once, as it does the owner's records; a restore loads the vectors whose key it has. A
+vector of an unsealed record (``log.seal_records`` off) is published in plain, the bare
+float32 bytes, as every vector was before sealing. The owner is in the key so an erasure
+can tombstone exactly that owner's entries; the content hash is the vector cache's (sha256
+of the text the vector channel embeds), so a loaded entry is a cache hit on replay.
 
 A node handed partition N first :meth:`VectorChangelog.restore`\\ s changelog partition N
 into its vector cache, then replays the events: with the same provider identity it
@@ -26,7 +31,10 @@ import msgspec
 import numpy as np
 
 from prme.producers.kafka_changelog import ChangelogEntry, KafkaChangelog
+from prme.producers.keys import KeyStore
+from prme.schemas.errors import RecordDecodeError
 from prme.schemas.records import OwnerErased
+from prme.schemas.sealing import DataKey, KeyRef, Sealer, key_ref
 
 from .derive import embedding_text
 from .embeddings.protocol import EmbeddingIdentity
@@ -52,6 +60,17 @@ class ChangelogKey(msgspec.Struct, frozen=True):
         return cls(*parts) if len(parts) == 3 else None
 
 
+class SealedVector(msgspec.Struct, frozen=True, array_like=True):
+    """A sealed changelog value: which of the owner's keys, and the sealed float32 bytes."""
+
+    kid: str
+    sealed: bytes
+
+
+_sealed_decoder = msgspec.msgpack.Decoder(SealedVector)
+_sealed_encoder = msgspec.msgpack.Encoder()
+
+
 class RestoreStats(msgspec.Struct):
     """What one restore read: records, vectors stored in the cache, tombstones seen."""
 
@@ -70,10 +89,20 @@ class VectorChangelog:
     erasure knows the owner's keys without reading the partition again.
     """
 
-    def __init__(self, log: KafkaChangelog, cache: VectorCache, identity: EmbeddingIdentity):
+    def __init__(
+        self,
+        log: KafkaChangelog,
+        cache: VectorCache,
+        identity: EmbeddingIdentity,
+        keys: KeyStore | None = None,
+    ):
+        """``keys``: the owners' data keys, which seal and open the values (none: the
+        vectors of sealed records are not published, and sealed values not loaded)."""
         self._log = log
         self._cache = cache
         self._identity = identity
+        self._keys = keys
+        self._sealer = Sealer()
         self._width = identity.dimension * _FLOAT32.itemsize
         self._known: dict[int, dict[bytes, str]] = {}
         self._read_to: dict[int, int] = {}
@@ -115,7 +144,8 @@ class VectorChangelog:
         while offset < end:
             entries, offset = await self._log.read(partition, offset, end)
             stats.records += len(entries)
-            puts, deletes = self._note(entries, known, loaded_until, stats)
+            keys = await self._opening_keys(entries, loaded_until)
+            puts, deletes = self._note(entries, known, loaded_until, stats, keys)
             if puts or deletes:
                 self._cache.load_changelog(self._identity.key, puts, deletes, mark, offset)
                 stats.stored += len(puts)
@@ -144,7 +174,8 @@ class VectorChangelog:
             entries, offset = await self._log.read(partition, offset, end)
             stats.records += len(entries)
             before = set(known)
-            puts, deletes = self._note(entries, known, loaded_until, stats)
+            keys = await self._opening_keys(entries, loaded_until)
+            puts, deletes = self._note(entries, known, loaded_until, stats, keys)
             fresh.update({k: known[k] for k in set(known) - before})
             if puts or deletes:
                 self._cache.load_changelog(self._identity.key, puts, deletes, mark, offset)
@@ -162,12 +193,60 @@ class VectorChangelog:
         ]
         await asyncio.to_thread(self._cache.add_owners, self._identity, refs)
 
+    async def _opening_keys(
+        self, entries: Sequence[ChangelogEntry], loaded_until: int
+    ) -> dict[KeyRef, bytes]:
+        """The keys that open the sealed values ``_note`` loads from ``entries``."""
+        refs = set()
+        for entry in entries:
+            if entry.value is None or entry.offset < loaded_until:
+                continue
+            key, sealed = ChangelogKey.decode(entry.key), self._sealed(entry.value)
+            if key is not None and sealed is not None and key.identity == self._identity.key:
+                refs.add((key.owner, sealed.kid))
+        if not refs or self._keys is None:
+            return {}
+        return await self._keys.reading_keys(refs)
+
+    def _sealed(self, value: bytes) -> SealedVector | None:
+        if len(value) == self._width:  # a plain vector
+            return None
+        try:
+            return _sealed_decoder.decode(value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+
+    def _vector(
+        self, entry: ChangelogEntry, key: ChangelogKey, keys: dict[KeyRef, bytes]
+    ) -> bytes | None:
+        """The float32 bytes of a loaded value; ``None`` when its key is gone (erased)."""
+        assert entry.value is not None
+        if len(entry.value) == self._width:
+            return entry.value
+        sealed = self._sealed(entry.value)
+        if sealed is None:
+            _log.warning("vector changelog @%d: a value that is no vector", entry.offset)
+            return None
+        data_key = keys.get((key.owner, sealed.kid))
+        if data_key is None:
+            return None
+        try:
+            plain = self._sealer.open_bytes(sealed.sealed, DataKey(sealed.kid, data_key), entry.key)
+        except RecordDecodeError as error:
+            _log.warning("vector changelog @%d: %s", entry.offset, error)
+            return None
+        if len(plain) != self._width:
+            _log.warning("vector changelog @%d: a vector of the wrong size", entry.offset)
+            return None
+        return plain
+
     def _note(
         self,
         entries: Sequence[ChangelogEntry],
         known: dict[bytes, str],
         loaded_until: int,
         stats: RestoreStats,
+        keys: dict[KeyRef, bytes],
     ) -> tuple[dict[str, bytes], set[str]]:
         puts: dict[str, bytes] = {}
         deletes: set[str] = set()
@@ -186,11 +265,9 @@ class VectorChangelog:
             if entry.value is None:
                 puts.pop(key.content_hash, None)
                 deletes.add(key.content_hash)
-            elif len(entry.value) == self._width:
-                puts[key.content_hash] = entry.value
+            elif (vector := self._vector(entry, key, keys)) is not None:
+                puts[key.content_hash] = vector
                 deletes.discard(key.content_hash)
-            else:
-                _log.warning("vector changelog @%d: a vector of the wrong size", entry.offset)
         if deletes:
             # A text another owner of this partition still has keeps its cached vector.
             live = {ChangelogKey.decode(k) for k in known}
@@ -203,6 +280,14 @@ class VectorChangelog:
         if partition not in self._known:  # an erasure needs every key of the partition
             await self.restore(partition)
         known = self._known[partition]
+        refs = {
+            ref
+            for item in projected
+            if item.vector is not None
+            and item.sealed is not None
+            and (ref := key_ref(item.sealed)) is not None
+        }
+        keys = await self._keys.reading_keys(refs) if refs and self._keys is not None else {}
         pending: dict[bytes, bytes] = {}
         written = 0
         for item in projected:
@@ -214,9 +299,25 @@ class VectorChangelog:
                 digest = content_hash(embedding_text(item.node))
                 key = ChangelogKey(self._identity.key, digest, item.node.owner).encode()
                 if key not in known:
-                    pending[key] = np.asarray(item.vector, dtype=_FLOAT32).tobytes()
+                    value = self._value(item, key, keys)
+                    if value is not None:
+                        pending[key] = value
         written += await self._publish(partition, pending, known)
         return written
+
+    def _value(self, item: ProjectedRecord, key: bytes, keys: dict[KeyRef, bytes]) -> bytes | None:
+        """The changelog value of ``item``'s vector: sealed with the key that sealed its
+        record; ``None`` when that key is gone (the owner was erased meanwhile: nothing of
+        theirs is published); plain for an unsealed record."""
+        plain = np.asarray(item.vector, dtype=_FLOAT32).tobytes()
+        if item.sealed is None:
+            return plain
+        ref = key_ref(item.sealed)
+        data_key = None if ref is None else keys.get(ref)
+        if ref is None or data_key is None:
+            return None
+        sealed = self._sealer.seal_bytes(plain, DataKey(ref[1], data_key), key)
+        return _sealed_encoder.encode(SealedVector(ref[1], sealed))
 
     async def _publish(
         self, partition: int, pending: dict[bytes, bytes], known: dict[bytes, str]

@@ -195,6 +195,22 @@ class Sealer:
             )
         return record, plain
 
+    def seal_bytes(self, plain: bytes, key: DataKey, aad: bytes) -> bytes:
+        """``plain`` sealed with ``key`` (nonce, then ciphertext), bound to ``aad``: for
+        owner data kept beside the log, such as the vector changelog's vectors."""
+        nonce = os.urandom(_NONCE_BYTES)
+        return nonce + self._context(key.kid, key.key).encrypt(nonce, plain, aad)
+
+    def open_bytes(self, sealed: bytes, key: DataKey, aad: bytes) -> bytes:
+        """What :meth:`seal_bytes` sealed; RecordDecodeError if it does not open."""
+        nonce, box = sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:]
+        try:
+            return self._context(key.kid, key.key).decrypt(nonce, box, aad)
+        except InvalidTag as error:
+            raise RecordDecodeError(
+                f"sealed bytes do not open with key {key.kid} (tampered or corrupt)"
+            ) from error
+
     def open_with(
         self, data: bytes, keys: Mapping[KeyRef, bytes] | Callable[[KeyRef], bytes | None]
     ) -> tuple[AnyRecord | ErasedRecord, bytes]:

@@ -234,10 +234,20 @@ async def test_erasing_an_owner_on_kafka_leaves_no_text_on_the_node_or_the_broke
     data_dir = kafka_settings.data_path
     engine = await MemoryEngine.create(settings=kafka_settings, embedding_provider=hashed_provider)
     broker = broker_log_dir(kafka_settings.log.bootstrap, tmp_path_factory)
+    alice_vectors: list[list[float]] = []
+
+    async def erase(owner: str, *, wait: bool = True) -> Any:
+        alice_vectors.extend(owner_vectors(engine, "alice", but_not=BOB))
+        return await erase_owner(owner, wait=wait)
+
+    erase_owner, engine.erase_owner = engine.erase_owner, erase  # type: ignore[method-assign]
     try:
         alice, bob, _ = await write_and_erase(engine, data_dir)
         assert files_holding(data_dir, alice) == []
         await check_bob_intact(engine, bob)
+        if broker is not None:  # the vector changelog holds no vector in plain
+            vectors = alice_vectors + owner_vectors(engine, BOB, but_not="alice")
+            assert len(alice_vectors) == 2 and files_holding_vectors(broker, vectors) == []
         alice_rows = await audit(engine, "alice")
         assert alice_rows and all(row["record"].get("erased") for row in alice_rows[:-1]), (
             alice_rows

@@ -6,16 +6,20 @@ import uuid
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 
 from prme.producers.kafka_changelog import KafkaChangelog
+from prme.producers.keys import LocalKeyStore
 from prme.projectors.derive import embedding_text
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.validation import identity_of
 from prme.projectors.embeddings.vector_cache import VectorCache
 from prme.projectors.model import ProjectedRecord
 from prme.projectors.vector_changelog import VectorChangelog
+from prme.schemas.codec import encode_record
 from prme.schemas.records import OwnerErased
+from prme.schemas.sealing import Sealer
 
 from .record_builders import AT, msg, projected
 
@@ -76,5 +80,75 @@ async def test_a_node_restores_vectors_and_loses_only_the_erased_owners_texts(
     finally:
         await writer.close()
         await reader.close()
+        cache.close()
+        writer_cache.close()
+
+
+async def test_vectors_of_sealed_records_are_sealed_with_their_owners_key(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The broker gets no vector of a sealed record in plain; a node restores it with the
+    owner's key, and once the key is erased nothing of it loads (crypto-shredding), while
+    a plain vector (an unsealed record, or one published before sealing) still loads."""
+    topic = f"prme-test-{uuid.uuid4().hex[:12]}.vectors"
+    keys = LocalKeyStore(tmp_path / "keys.sqlite3")
+    await keys.start()
+    cache, writer_cache = VectorCache(tmp_path / "reader.sqlite3"), VectorCache(tmp_path / "w")
+    writer = VectorChangelog(
+        KafkaChangelog(kafka_bootstrap, topic, 1, request_timeout_s=30),
+        writer_cache,
+        identity_of(PROVIDER),
+        keys,
+    )
+    reader = VectorChangelog(
+        KafkaChangelog(kafka_bootstrap, topic, 1, request_timeout_s=30),
+        cache,
+        identity_of(PROVIDER),
+        keys,
+    )
+    await writer.start()
+    await reader.start()
+    try:
+        held = await keys.writing_keys(["alice", "bob"])
+        sealer = Sealer()
+        batch = with_vectors(
+            projected([msg("e1", "alice's text"), msg("e2", "bob's", owner="bob")])
+        )
+        batch = [
+            msgspec.structs.replace(
+                item, sealed=sealer.seal(encode_record(item.record), held[item.record.owner])
+            )
+            for item in batch
+        ]
+        plain = with_vectors(projected([msg("e3", "a plain record's text", owner="carol")], 2))
+        assert await writer.record(0, [*batch, *plain]) == 3
+        entries, _ = await writer.log.read(0, 0, 3)
+        vectors = [np.asarray(item.vector, dtype="<f4").tobytes() for item in [*batch, *plain]]
+        values = [entry.value or b"" for entry in entries]
+        assert [any(v in value for value in values) for v in vectors] == [False, False, True]
+
+        assert (await reader.restore(0)).stored == 3
+        texts = ["alice's text", "bob's", "a plain record's text"]
+        assert None not in cache.get_many(PROVIDER, texts)
+
+        await keys.erase("alice")
+        cache.close()
+        cache = VectorCache(tmp_path / "fresh.sqlite3")
+        fresh = VectorChangelog(
+            KafkaChangelog(kafka_bootstrap, topic, 1, request_timeout_s=30),
+            cache,
+            identity_of(PROVIDER),
+            keys,
+        )
+        await fresh.start()
+        try:
+            assert (await fresh.restore(0)).stored == 2
+        finally:
+            await fresh.close()
+        assert [v is None for v in cache.get_many(PROVIDER, texts)] == [True, False, False]
+    finally:
+        await writer.close()
+        await reader.close()
+        await keys.close()
         cache.close()
         writer_cache.close()
