@@ -2,8 +2,10 @@
 
 A framework message is stored as a ``message`` record whose first-class fields (role,
 content, name, tool identity, id) serve retrieval and other clients, while ``fields``
-keeps the framework's complete serialized form, so the framework's own deserializer
-rebuilds an equal message. Messages written without that form (by another framework or
+keeps the framework's serialized form, so the framework's own deserializer rebuilds an
+equal message. The form leaves out the content where the record's ``content`` holds it as
+it is (it is put back on reading): ``fields`` has the metadata's size limit
+(``limits.max_metadata_bytes``), the content its own, larger one. Messages written without that form (by another framework or
 ``MemoryClient.store``) are rebuilt from the first-class fields.
 
 The framework modules are imported inside the functions that need them: importing this
@@ -53,13 +55,16 @@ def langchain_to_draft(
     serialized = message_to_dict(message)
     data = serialized["data"]
     content = data.get("content", "")
+    blocks = _content_blocks(content)
+    if "content" in data and blocks == content:  # the record keeps it: no second copy
+        serialized = {**serialized, "data": {k: v for k, v in data.items() if k != "content"}}
     fields: dict[str, Any] = {LANGCHAIN_FIELD: serialized}
     return MessageDraft(
         owner=owner,
         session_id=session_id,
         scope=scope,
         role=langchain_role(serialized),
-        content=_content_blocks(content),
+        content=blocks,
         name=_str_or_none(data.get("name")),
         tool_call_id=_str_or_none(data.get("tool_call_id")),
         tool_calls=list(data.get("tool_calls") or []),
@@ -83,6 +88,9 @@ def message_to_langchain(message: Message) -> Any:
 
     serialized = message.fields.get(LANGCHAIN_FIELD)
     if isinstance(serialized, dict):
+        data = serialized.get("data")
+        if isinstance(data, dict) and "content" not in data:
+            serialized = {**serialized, "data": {**data, "content": message.content}}
         return messages_from_dict([serialized])[0]
     common: dict[str, Any] = {"content": message.content, "id": message.message_id}
     if message.name is not None:
@@ -136,12 +144,15 @@ def llamaindex_to_draft(
     serialized = message.model_dump(mode="json")
     extra = serialized.get("additional_kwargs") or {}
     role = str(serialized["role"])
+    content = message.content or ""
+    if serialized.get("blocks") == _llamaindex_text_blocks(content):  # the record keeps it
+        serialized = {k: v for k, v in serialized.items() if k != "blocks"}
     return MessageDraft(
         owner=owner,
         session_id=session_id,
         scope=scope,
         role=llamaindex_role(role),
-        content=message.content or "",
+        content=content,
         name=_str_or_none(extra.get("name")),
         tool_call_id=_str_or_none(extra.get("tool_call_id")),
         tool_calls=[c for c in extra.get("tool_calls") or [] if isinstance(c, dict)],
@@ -156,6 +167,8 @@ def message_to_llamaindex(message: Message) -> Any:
 
     serialized = message.fields.get(LLAMAINDEX_FIELD)
     if isinstance(serialized, dict):
+        if "blocks" not in serialized and isinstance(message.content, str):
+            serialized = {**serialized, "blocks": _llamaindex_text_blocks(message.content)}
         return ChatMessage.model_validate(serialized)
     extra: dict[str, Any] = {}
     if message.name is not None:
@@ -167,6 +180,11 @@ def message_to_llamaindex(message: Message) -> Any:
     return ChatMessage(
         role=message.role, content=message_text(message.content), additional_kwargs=extra
     )
+
+
+def _llamaindex_text_blocks(text: str) -> list[dict[str, Any]]:
+    """The ``blocks`` a ``ChatMessage`` of one text dumps (``model_dump(mode="json")``)."""
+    return [{"block_type": "text", "text": text}]
 
 
 def _str_or_none(value: Any) -> str | None:

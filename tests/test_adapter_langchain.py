@@ -281,6 +281,18 @@ def test_every_message_class_round_trips_exactly(client: MemoryClient) -> None:
         assert back.model_dump() == original.model_dump()
 
 
+def test_a_long_message_is_stored_once_and_round_trips(client: MemoryClient) -> None:
+    """The serialized form in ``fields`` leaves the content to the record: a 20 KB message
+    (over the 16 KB ``fields`` limit, under the 64 KB content limit) was refused."""
+    history = PRMEChatMessageHistory(client=client, user_id="alice", session_id="s")
+    text = "word " * 4000
+    history.add_user_message(text)
+    history.add_message(AIMessage(content=[{"type": "text", "text": text}], id="a-1"))
+    assert [m.content for m in history.messages] == [text, [{"type": "text", "text": text}]]
+    stored = client.history("alice", "s")
+    assert all("content" not in m.fields["langchain"]["data"] for m in stored)
+
+
 def test_roles_identity_and_extras_map_to_prme_fields(client: MemoryClient) -> None:
     history = PRMEChatMessageHistory(client=client, user_id="alice", session_id="s")
     originals = _every_message()

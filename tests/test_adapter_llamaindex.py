@@ -140,6 +140,24 @@ def test_set_get_round_trip_with_additional_kwargs(store: PRMEChatStore) -> None
     assert store.get_messages("alice:other") == []
 
 
+def test_a_long_message_is_stored_once_and_round_trips(
+    store: PRMEChatStore, client: MemoryClient
+) -> None:
+    """The serialized form in ``fields`` leaves one text's blocks to the record's content:
+    a 20 KB message (over the 16 KB ``fields`` limit) was refused."""
+    text = "word " * 4000
+    messages = [
+        ChatMessage(role=MessageRole.USER, content=text),
+        ChatMessage(role=MessageRole.USER, blocks=[TextBlock(text="a"), TextBlock(text="b")]),
+    ]
+    store.add_message("alice:s", messages[0])
+    store.add_message("alice:s", messages[1])
+    assert store.get_messages("alice:s") == messages
+    stored = client.history("alice", "s")
+    assert "blocks" not in stored[0].fields["llamaindex"]
+    assert "blocks" in stored[1].fields["llamaindex"]  # two blocks: kept as they were
+
+
 def test_prme_fields_of_stored_messages(store: PRMEChatStore, client: MemoryClient) -> None:
     store.set_messages(
         "alice:s",
