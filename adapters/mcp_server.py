@@ -40,6 +40,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from prme.projectors.embeddings.protocol import EmbeddingProvider
 from prme.query.auth import ADMIN, ApiKeys, Caller, check_bind_safety
 from prme.query.client import AsyncMemoryClient
+from prme.query.http_types import check_ids
+from prme.query.listening import listen
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
     ConfigurationError,
@@ -261,7 +263,14 @@ def session_principal(caller: Caller) -> AuthenticatedUser:
 async def open_client(
     settings: Settings, embedding_provider: EmbeddingProvider | None = None
 ) -> AsyncIterator[AsyncMemoryClient]:
-    """The client the tools use: ``settings.mcp.url`` if set, else the embedded pack."""
+    """The client the tools use: ``settings.mcp.url`` if set, else the embedded pack.
+    InvalidInput before anything opens when the pinned owner (``mcp.user_id``) is no owner
+    id: every tool call would be refused for it."""
+    if settings.mcp.user_id is not None:
+        try:
+            check_ids(user_id=settings.mcp.user_id)
+        except InvalidInput as error:
+            raise InvalidInput(f"mcp.user_id (--user-id): {error}") from None
     if settings.mcp.url:
         if embedding_provider is not None:
             raise ConfigurationError("embedding_provider applies to the embedded engine only")
@@ -320,7 +329,7 @@ async def serve_http(
     mcp = settings.mcp
     check_bind_safety(msgspec.structs.replace(settings.service, host=mcp.host))
     family = socket.AF_INET6 if ":" in mcp.host else socket.AF_INET
-    sock = socket.create_server((mcp.host.strip("[]"), mcp.port), family=family)
+    sock = listen(mcp.host.strip("[]"), mcp.port)
     try:
         async with open_client(settings, embedding_provider) as client:
             app = PrmeMcp(client, settings, transport="http")

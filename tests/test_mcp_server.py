@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -282,6 +283,23 @@ def test_http_refuses_to_listen_beyond_loopback_without_keys(
     code = main(["mcp", "--http", "--host", "0.0.0.0", "--data-dir", str(tmp_path / "pack")])
     assert code == 2
     assert "refusing to serve on 0.0.0.0 without API keys" in capsys.readouterr().err
+    assert not (tmp_path / "pack").exists()
+
+
+def test_http_on_a_taken_port_or_with_a_bad_user_id_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both printed a traceback (a taken port) or started and refused every call (a
+    ``--user-id`` that is no owner id)."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        code = main(["mcp", "--http", "--port", port, "--data-dir", str(tmp_path / "pack")])
+    assert code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    for bad in (" me ", ""):
+        assert main(["mcp", "--user-id", bad, "--data-dir", str(tmp_path / "pack")]) == 2
+        err = capsys.readouterr().err
+        assert "mcp.user_id (--user-id)" in err and "Traceback" not in err
     assert not (tmp_path / "pack").exists()
 
 
