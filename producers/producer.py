@@ -10,7 +10,7 @@ import hashlib
 import re
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from prme.schemas.records import (
 )
 from prme.schemas.sealing import DataKey
 
+from .erasure_gate import ErasureGate
 from .keys import KeyStore
 from .sealing import RecordSealer
 from .transport import LogItem, LogTransport, Position, dedupe_key
@@ -262,6 +263,7 @@ class Producer:
         """With ``keys``, records are sealed with their owner's data key on append."""
         self._transport = transport
         self._sealer = None if keys is None else RecordSealer(keys)
+        self._gate = ErasureGate()
         self._limits = limits or LimitsSettings()
         self._metrics = metrics if metrics is not None else Metrics(enabled=False)
         self._label = label = transport_label(transport)
@@ -432,8 +434,25 @@ class Producer:
         their count (the bulk ingest bounds its own batches). ``sealed``: every item went
         through :meth:`seal_items` (or was sealed with a key :meth:`sealing_keys` gave)
         already, so they are not looked at again."""
-        if not sealed:
-            items = await self.seal_items(items)
+        async with self._gate.writing(item.key for item in items):
+            if not sealed:
+                items = await self.seal_items(items)
+            return await self._append(items, event_ids, atomic=atomic)
+
+    async def append_erasure(
+        self, owner: str, erase_keys: Callable[[], Awaitable[None]]
+    ) -> AppendReceipt:
+        """Append ``owner_erased`` for ``owner``, then ``erase_keys()``, with no write of
+        the owner by this producer between the two (:mod:`erasure_gate`)."""
+        record = self.build_control("owner_erased", owner)
+        async with self._gate.erasing(owner.encode("utf-8", "surrogatepass")):
+            (position,) = await self._append([log_item(record)], [record.event_id], atomic=True)
+            await erase_keys()
+        return AppendReceipt(record.event_id, position)
+
+    async def _append(
+        self, items: Sequence[LogItem], event_ids: Sequence[str], *, atomic: bool
+    ) -> list[Position]:
         started = time.perf_counter()
         attributes = {"prme.transport": self._label, "prme.event_ids": list(event_ids)}
         with self._metrics.tracing.span("prme.append", attributes) as span:

@@ -516,8 +516,9 @@ class MemoryEngine(MemoryBackend):
         "Erasure"). The marker goes first, so a crash in between leaves the key; erasing
         again deletes it."""
         check_erasable(user_id)
-        receipt = await self._producer.append_control("owner_erased", user_id)
-        await self.runner.keys.erase(user_id)
+        receipt = await self._producer.append_erasure(
+            user_id, lambda: self.runner.keys.erase(user_id)
+        )
         await self._transport.forget_dedupe(dedupe_key(user_id, ""))
         return await self._finish(receipt, [], wait)
 

@@ -500,3 +500,43 @@ async def test_a_rebuild_keeps_the_vector_of_a_memory_written_after_its_owners_e
         assert provider.encoded == encoded  # every vector from the cache
         found = await engine.retrieve("green tea", "dave")
         assert [result.text for result in found.results] == ["Dave likes green tea"]
+
+
+async def test_a_write_sealed_before_an_erasure_is_appended_before_its_marker(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that took the owner's key before the erasure began used to be appended
+    after the marker: acknowledged, then unreadable (its key erased). Now the erasure
+    waits for it (it precedes the marker and is erased with the owner), and a write that
+    begins during the erasure waits, then is sealed with a new key and stays readable."""
+    from prme.producers.sealing import RecordSealer
+
+    sealed, release = asyncio.Event(), asyncio.Event()
+    seal = RecordSealer.seal
+
+    async def seal_then_wait(self: RecordSealer, items: Any) -> Any:
+        done = await seal(self, items)
+        if not release.is_set():
+            sealed.set()
+            await release.wait()
+        return done
+
+    monkeypatch.setattr(RecordSealer, "seal", seal_then_wait)
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        first = asyncio.create_task(engine.store("written as the erasure begins", "carol"))
+        await asyncio.wait_for(sealed.wait(), 10)
+        erasure = asyncio.create_task(engine.erase_owner("carol"))
+        await asyncio.sleep(0.2)
+        assert not erasure.done()  # it waits for the write under way
+        later = asyncio.create_task(engine.store("written during the erasure", "carol"))
+        await asyncio.sleep(0.1)
+        release.set()
+        stored, erased, kept = await asyncio.wait_for(asyncio.gather(first, erasure, later), 30)
+        assert stored.token.offset < erased.token.offset < kept.token.offset
+        await engine.wait_for([kept.token])
+        history = await engine.history("carol")
+        assert [message.content for message in history] == ["written during the erasure"]
+    finally:
+        release.set()
+        await engine.close()
