@@ -514,7 +514,8 @@ async def _rebuild(args: argparse.Namespace) -> int:
     from prme.logs import configure
     from prme.query.engine import MemoryEngine
 
-    configure(args.log_format, tag="prme rebuild")
+    # The runner's per-partition lines are a server's; --quiet keeps warnings and errors.
+    configure(args.log_format, logging.WARNING if args.quiet else logging.INFO, "prme rebuild")
     models = MODEL_NAMES if args.model == "all" else (args.model,)
     # A directory holding only an ingested log is a pack whose read models are all missing.
     settings = _settings(args)
@@ -610,8 +611,9 @@ def render_status(status: dict[str, Any]) -> str:
             served = len(cluster.get("partitions") or [])
             lines.append(f"cluster: all {served} partitions have a live owner serving them")
     lines += [
-        f"transport {status['transport']}  group {status['group']}  "
-        f"lag {status['lag_records']} records  dead letters {status['dead_letters']}",
+        f"transport {status['transport']}  "
+        + (f"group {status['group']}  " if status["transport"] == "kafka" else "")
+        + f"lag {status['lag_records']} records  dead letters {status['dead_letters']}",
         f"embedding {embedding['model_name']} {embedding['model_version']} "
         f"dim {embedding['dimension']}"
         + (
@@ -737,7 +739,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay in up to this many worker processes (default: the cores, at most 4; 1, "
         "or a pack under 10,000 records, replays in this process)",
     )
-    rebuild.add_argument("--quiet", action="store_true", help="no progress bar")
+    rebuild.add_argument(
+        "--quiet", action="store_true", help="no progress bar, and no log line below warnings"
+    )
     _add_log_options(rebuild)
     _add_log_format(rebuild)
     rebuild.set_defaults(run=lambda a: asyncio.run(_rebuild(a)))

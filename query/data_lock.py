@@ -55,9 +55,9 @@ class DataDirLock:
                 return cls(path, None, token)  # our parent's: it split the partitions among us
             who = f"pid {holder[0]} ({holder[1]})" if holder else "another process"
             raise DataDirInUse(
-                f"{directory} is open in another process, {who}: a data directory is opened "
-                "by one process at a time (give this one its own --data-dir, or reach that "
-                "one over HTTP)"
+                f"the data directory {str(directory)!r} is open in another process, {who}: "
+                "a data directory is opened by one process at a time (give this one its own "
+                "data directory, or reach that process over HTTP: MemoryClient(url=...))"
             ) from None
         token = secrets.token_hex(16)
         command = " ".join(os.path.basename(a) for a in sys.argv[:2])

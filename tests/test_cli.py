@@ -747,3 +747,33 @@ async def test_rebuild_of_a_stopped_kafka_node_leaves_the_live_group_alone(
         assert not Path(nothing).exists()
     finally:
         await live.close()
+
+
+def test_rebuild_quiet_prints_no_server_log_lines_and_status_names_no_group_when_embedded(
+    tmp_path: Path,
+) -> None:
+    """``prme rebuild --quiet`` printed ~30 INFO lines of the runner (a new-user trial), and
+    the status of an embedded node named a consumer group it does not have."""
+    data = ["--data-dir", str(tmp_path / "pack")]
+    assert prme("ingest", str(write_jsonl(tmp_path / "in.jsonl", LINES)), "--quiet", *data)
+    rebuilt = prme("rebuild", "--quiet", *data)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert " INFO " not in rebuilt.stderr, rebuilt.stderr
+    assert json.loads(rebuilt.stdout)["replayed"]
+    from prme.cli import render_status
+
+    status = {
+        "transport": "local",
+        "group": "prme-projectors",
+        "lag_records": 0,
+        "dead_letters": 0,
+        "partitions": [],
+        "embedding": {
+            "model_name": "m",
+            "model_version": "1",
+            "dimension": 3,
+            "mismatched_partitions": [],
+        },
+    }
+    assert "group" not in render_status(status)
+    assert "group prme-projectors" in render_status({**status, "transport": "kafka"})
