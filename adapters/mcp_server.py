@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -27,12 +28,14 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 import anyio
 import mcp_types as types
 import msgspec
+import pydantic
 import uvicorn
 from mcp.server import Server, ServerRequestContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -296,7 +299,63 @@ async def serve_stdio(
         read, write = await stack.enter_async_context(stdio_server())
         app = PrmeMcp(client, settings, transport="stdio")
         with anyio.CancelScope() as scope, _on_signals(scope.cancel):
-            await app.server.run(read, write, app.server.create_initialization_options())
+            answering = AnsweringUnreadLines(read, write)
+            await app.server.run(answering, write, app.server.create_initialization_options())
+
+
+class AnsweringUnreadLines:
+    """The stdio read stream, answering each line the SDK could not read as a JSON-RPC
+    message with a JSON-RPC error for the line's id (``null`` when the id cannot be read
+    either): the SDK drops such a line, and a client waited for its answer forever (a
+    tool call nested ~200 levels deep: the SDK's parser stops at 128; over HTTP it answers
+    -32700)."""
+
+    def __init__(self, inner: Any, write: Any) -> None:
+        self._inner = inner
+        self._write = write
+
+    async def receive(self) -> Any:
+        while True:
+            item = await self._inner.receive()
+            if not isinstance(item, Exception):
+                return item
+            await self._write.send(SessionMessage(unread_line_error(item)))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> AnsweringUnreadLines:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    def __getattr__(self, name: str) -> Any:  # last_context, ...
+        return getattr(self._inner, name)
+
+
+def unread_line_error(error: Exception) -> types.JSONRPCError:
+    """The JSON-RPC error answering a line the SDK failed to read with ``error``: -32700
+    (parse error) for JSON it could not parse, -32600 for JSON that is no JSON-RPC message."""
+    errors = error.errors() if isinstance(error, pydantic.ValidationError) else []
+    first: dict[str, Any] = dict(errors[0]) if errors else {}
+    line = first.get("input")
+    request_id = None
+    if isinstance(line, str):
+        with contextlib.suppress(ValueError, RecursionError):
+            parsed = json.loads(line)
+            found = parsed.get("id") if isinstance(parsed, dict) else None
+            if isinstance(found, (str, int)) and not isinstance(found, bool):
+                request_id = found
+    unparsable = first.get("type") == "json_invalid" or not errors
+    code, kind = (-32700, "Parse error") if unparsable else (-32600, "Invalid Request")
+    detail = str(first.get("msg") or error)[:300]
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=f"{kind}: {detail}")
+    )
 
 
 @contextlib.contextmanager

@@ -509,3 +509,67 @@ async def test_http_sessions_belong_to_the_key_that_opened_them(tmp_path: Path) 
             assert mine.status_code == 200 and "recall" in mine.text
             ended = httpx.delete(url, headers=_mcp_headers("sk-alice", alice), timeout=60)
             assert ended.status_code == 200
+
+
+async def test_stdio_answers_a_line_it_cannot_read_instead_of_dropping_it(tmp_path: Path) -> None:
+    """The SDK drops a stdio line its parser refuses (a tool call nested 200 levels deep:
+    it stops at 128), and the client waited for the answer forever. Each such line is now
+    answered with a JSON-RPC error for its id, and the server goes on serving."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "prme.cli", "mcp", "--data-dir", str(tmp_path / "pack"), "--user-id", "alice"),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=clean_env(),
+    )
+    assert process.stdin is not None and process.stdout is not None
+
+    async def send(message: Any) -> None:
+        assert process.stdin is not None
+        line = message if isinstance(message, str) else json.dumps(message)
+        process.stdin.write(line.encode() + b"\n")
+        await process.stdin.drain()
+
+    async def answer() -> dict[str, Any]:
+        assert process.stdout is not None
+        return dict(json.loads(await asyncio.wait_for(process.stdout.readline(), 60)))
+
+    def call(request_id: int, arguments: dict[str, Any]) -> dict[str, Any]:
+        params = {"name": "remember", "arguments": arguments}
+        return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+    try:
+        async with asyncio.timeout(BOUND_S):
+            await send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "raw", "version": "1"},
+                    },
+                }
+            )
+            assert (await answer())["id"] == 1
+            await send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            deep: Any = {"a": 1}
+            for _ in range(200):
+                deep = [deep]
+            await send(call(7, {"content": "too deep", "metadata": {"a": deep}}))
+            too_deep = await answer()
+            assert too_deep["id"] == 7 and too_deep["error"]["code"] == -32700
+            assert "recursion limit" in too_deep["error"]["message"]
+            await send('{"jsonrpc": "2.0", "id": 8, "method": ')
+            broken = await answer()
+            assert broken["id"] is None and broken["error"]["code"] == -32700
+            await send({"jsonrpc": "2.0", "id": 9, "nothing": "of JSON-RPC"})
+            assert (await answer())["error"]["code"] == -32600
+            await send(call(10, {"content": "still served"}))
+            served = await answer()
+            assert served["id"] == 10 and not served["result"].get("isError"), served
+    finally:
+        process.stdin.close()
+        await asyncio.wait_for(process.wait(), 60)
