@@ -5,8 +5,12 @@ A write seals its records with the owner's key, then appends them. An erasure ap
 before the erasure and append after its marker: acknowledged, then unreadable (erased).
 With it, the writes of an owner that are under way when its erasure begins finish first
 (their records precede the marker: erased, as they should be), and those that begin
-meanwhile wait for the keys to be gone, then seal with a new key. Other processes are not
-held by it (docs/ARCHITECTURE.md "Erasure", limits).
+meanwhile wait for the keys to be gone, then seal with a new key. The gate holds what is
+sealed inside it: records sealed before (the bulk ingest's, with keys it held) and other
+processes are not held by it (docs/ARCHITECTURE.md "Erasure", limits).
+
+Its bookkeeping is never behind an ``await``: a cancelled write or erasure (a caller's
+timeout) leaves no owner counted as writing or erasing.
 """
 
 from __future__ import annotations
@@ -22,38 +26,41 @@ class ErasureGate:
 
     def __init__(self) -> None:
         self._writing: Counter[bytes] = Counter()
-        self._erasing: set[bytes] = set()
-        self._changed = asyncio.Condition()
+        self._erasing: dict[bytes, asyncio.Event] = {}
+        """Owner -> set once its erasure is done."""
+        self._drained: dict[bytes, asyncio.Event] = {}
+        """Owner -> set once none of its writes is under way (an erasure waits on it)."""
 
     @contextlib.asynccontextmanager
     async def writing(self, owners: Iterable[bytes]) -> AsyncIterator[None]:
         """Held while a write of ``owners`` seals and appends; waits out their erasures."""
         wanted = set(owners)
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._erasing.isdisjoint(wanted))
-            self._writing.update(wanted)
+        while erasing := [self._erasing[o] for o in wanted if o in self._erasing]:
+            await erasing[0].wait()
+        self._writing.update(wanted)
         try:
             yield
         finally:
-            async with self._changed:
-                self._writing.subtract(wanted)
-                for owner in wanted:
-                    if self._writing[owner] <= 0:
-                        del self._writing[owner]
-                self._changed.notify_all()
+            for owner in wanted:
+                self._writing[owner] -= 1
+                if self._writing[owner] <= 0:
+                    del self._writing[owner]
+                    drained = self._drained.pop(owner, None)
+                    if drained is not None:
+                        drained.set()
 
     @contextlib.asynccontextmanager
     async def erasing(self, owner: bytes) -> AsyncIterator[None]:
         """Held while ``owner`` is erased: once its writes under way have finished, and
         until the erasure is done, no write of ``owner`` begins."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: owner not in self._erasing)
-            self._erasing.add(owner)
+        while (other := self._erasing.get(owner)) is not None:
+            await other.wait()
+        done = self._erasing[owner] = asyncio.Event()
         try:
-            async with self._changed:
-                await self._changed.wait_for(lambda: self._writing[owner] <= 0)
+            while self._writing[owner] > 0:
+                drained = self._drained.setdefault(owner, asyncio.Event())
+                await drained.wait()
             yield
         finally:
-            async with self._changed:
-                self._erasing.discard(owner)
-                self._changed.notify_all()
+            del self._erasing[owner]
+            done.set()

@@ -38,7 +38,7 @@ from .derive import embedding_text
 from .embeddings.cached import CachedEmbeddingProvider
 from .embeddings.protocol import EmbeddingIdentity
 from .embeddings.vector_cache import VectorCache, content_hash
-from .model import ProjectedRecord
+from .model import ERASURES_PENDING, ProjectedRecord
 
 if TYPE_CHECKING:
     from .shard import Shard
@@ -135,8 +135,7 @@ class Forgetting:
         self.purges += 1
 
 
-PENDING = "erasures.pending"
-"""The owners erased by the batch being applied, until their purge is done."""
+PENDING = ERASURES_PENDING
 
 
 def _refs(items: Iterable[ProjectedRecord]) -> list[tuple[str, str]]:

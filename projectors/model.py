@@ -82,3 +82,9 @@ class ReadModel(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+ERASURES_PENDING = "erasures.pending"
+"""In a shard's directory: the owners erased by the batch being applied, until their purge
+is done (``erasure.Forgetting``); a model whose purge must run again after a crash looks
+for it when it opens."""

@@ -8,7 +8,9 @@ record the vector was computed for: :class:`SealedVector`, AES-GCM bound to the 
 key. So the broker holds no vector in plain, and erasing the owner's keys shreds them at
 once, as it does the owner's records; a restore loads the vectors whose key it has. A
 vector of an unsealed record (``log.seal_records`` off) is published in plain, the bare
-float32 bytes, as every vector was before sealing. The owner is in the key so an erasure
+float32 bytes, as every vector was before sealing (such values a topic already holds stay
+plain, as the latest value of their keys, until their owner's erasure tombstones them: a
+node does not publish a key the changelog has). The owner is in the key so an erasure
 can tombstone exactly that owner's entries; the content hash is the vector cache's (sha256
 of the text the vector channel embeds), so a loaded entry is a cache hit on replay.
 
@@ -332,6 +334,7 @@ class VectorChangelog:
         return len(pending)
 
     async def _erase(self, partition: int, owner: str, known: dict[bytes, str]) -> int:
+        self._sealer = Sealer()  # holds no context of the erased owner's keys
         keys = [key for key, holder in known.items() if holder == owner]
         if not keys:
             return 0

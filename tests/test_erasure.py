@@ -358,6 +358,7 @@ async def test_a_purge_a_crash_interrupted_runs_when_the_shard_opens_again(
     alice, bob = markers()
     try:
         await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+        vectors = owner_vectors(engine, "alice", but_not=BOB)
 
         async def crash(self: Forgetting, shard: Any, owners: list[str]) -> None:
             raise RuntimeError("killed between the deletes and the purge")
@@ -370,9 +371,11 @@ async def test_a_purge_a_crash_interrupted_runs_when_the_shard_opens_again(
         await engine.close()
     assert list(data_dir.glob(f"shards/p*/{PENDING}"))
     assert files_holding(data_dir, alice)  # the lexical segments still hold the text
+    assert files_holding_vectors(data_dir, vectors)  # and the vector shard the vectors
     reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
     try:
         assert files_holding(data_dir, alice) == []
+        assert files_holding_vectors(data_dir, vectors) == []
         assert not list(data_dir.glob(f"shards/p*/{PENDING}"))
         await check_bob_intact(reopened, bob)
     finally:
@@ -539,4 +542,34 @@ async def test_a_write_sealed_before_an_erasure_is_appended_before_its_marker(
         assert [message.content for message in history] == ["written during the erasure"]
     finally:
         release.set()
+        await engine.close()
+
+
+async def test_a_vector_shard_is_rewritten_only_when_the_erasure_deleted_points_of_it(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewrite holds the partition's searches: erasing an owner without points in the
+    shard, or erasing again, rewrites nothing (even the first erasure after an open)."""
+    from prme.projectors.stores.vector_edge import EdgeVectorModel
+
+    rewrites: list[str] = []
+    rewrite = EdgeVectorModel._rewrite
+
+    def counted(self: EdgeVectorModel) -> None:
+        rewrites.append(self._path.parent.name)
+        rewrite(self)
+
+    monkeypatch.setattr(EdgeVectorModel, "_rewrite", counted)
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        await engine.store_many(drafts("alice", "one") + drafts(BOB, "two"))
+    finally:
+        await engine.close()
+    engine = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        await engine.erase_owner("nobody-at-all")
+        await engine.erase_owner("alice")
+        await engine.erase_owner("alice")
+        assert rewrites == [f"p{partition_for_key(b'alice', 4)}"]
+    finally:
         await engine.close()

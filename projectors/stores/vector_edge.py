@@ -45,7 +45,7 @@ from qdrant_edge import (
 )
 
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
-from prme.projectors.model import ModelClosed
+from prme.projectors.model import ERASURES_PENDING, ModelClosed
 from prme.schemas.errors import EmbeddingMismatch, ShardUnavailable
 
 from .vector_base import (
@@ -152,9 +152,9 @@ class EdgeVectorModel(VectorModelBase):
         self._builder: IndexBuilder | None = None
         self._node_ids: dict[int, str] = {}
         self._erasures = 0
-        self._rewrite_due = True
+        self._rewrite_due = (path.parent / ERASURES_PENDING).exists()
         """Deleted points may hold vectors in the files: the next purge rewrites the shard
-        (true once opened, as a purge a crash interrupted is resumed at the next open)."""
+        (at open: when the shard's purge is pending, which a crash interrupted)."""
         self._primer: threading.Thread | None = None
         try:
             remove_leftovers(path)
