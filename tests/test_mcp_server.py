@@ -457,18 +457,23 @@ async def test_receipts_never_outlive_their_owner_in_front_of_a_service(tmp_path
                 assert recalled["receipt_uri"] not in [str(r.uri) for r in listed]
 
 
-def _initialize(url: str, key: str) -> str:
-    """A new streamable-HTTP session opened with ``key``; its ``mcp-session-id``."""
-    body = {
+def initialize_request(client: str) -> dict[str, Any]:
+    """The JSON-RPC ``initialize`` request of a raw client named ``client``."""
+    return {
         "jsonrpc": "2.0",
         "id": 1,
         "method": "initialize",
         "params": {
             "protocolVersion": "2025-06-18",
             "capabilities": {},
-            "clientInfo": {"name": "test", "version": "0"},
+            "clientInfo": {"name": client, "version": "0"},
         },
     }
+
+
+def _initialize(url: str, key: str) -> str:
+    """A new streamable-HTTP session opened with ``key``; its ``mcp-session-id``."""
+    body = initialize_request("test")
     response = httpx.post(url, json=body, headers=_mcp_headers(key), timeout=60)
     assert response.status_code == 200, response.text
     session_id = response.headers["mcp-session-id"]
@@ -541,18 +546,7 @@ async def test_stdio_answers_a_line_it_cannot_read_instead_of_dropping_it(tmp_pa
 
     try:
         async with asyncio.timeout(BOUND_S):
-            await send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": 1,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-06-18",
-                        "capabilities": {},
-                        "clientInfo": {"name": "raw", "version": "1"},
-                    },
-                }
-            )
+            await send(initialize_request("raw"))
             assert (await answer())["id"] == 1
             await send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             deep: Any = {"a": 1}

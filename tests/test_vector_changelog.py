@@ -36,9 +36,11 @@ def with_vectors(items: list[ProjectedRecord]) -> list[ProjectedRecord]:
     ]
 
 
-def node_changelog(bootstrap: str, topic: str, cache: VectorCache) -> VectorChangelog:
+def node_changelog(
+    bootstrap: str, topic: str, cache: VectorCache, keys: LocalKeyStore | None = None
+) -> VectorChangelog:
     log = KafkaChangelog(bootstrap, topic, 1, request_timeout_s=30)
-    return VectorChangelog(log, cache, identity_of(PROVIDER))
+    return VectorChangelog(log, cache, identity_of(PROVIDER), keys)
 
 
 async def test_a_node_restores_vectors_and_loses_only_the_erased_owners_texts(
@@ -94,18 +96,8 @@ async def test_vectors_of_sealed_records_are_sealed_with_their_owners_key(
     keys = LocalKeyStore(tmp_path / "keys.sqlite3")
     await keys.start()
     cache, writer_cache = VectorCache(tmp_path / "reader.sqlite3"), VectorCache(tmp_path / "w")
-    writer = VectorChangelog(
-        KafkaChangelog(kafka_bootstrap, topic, 1, request_timeout_s=30),
-        writer_cache,
-        identity_of(PROVIDER),
-        keys,
-    )
-    reader = VectorChangelog(
-        KafkaChangelog(kafka_bootstrap, topic, 1, request_timeout_s=30),
-        cache,
-        identity_of(PROVIDER),
-        keys,
-    )
+    writer = node_changelog(kafka_bootstrap, topic, writer_cache, keys)
+    reader = node_changelog(kafka_bootstrap, topic, cache, keys)
     await writer.start()
     await reader.start()
     try:
@@ -134,12 +126,7 @@ async def test_vectors_of_sealed_records_are_sealed_with_their_owners_key(
         await keys.erase("alice")
         cache.close()
         cache = VectorCache(tmp_path / "fresh.sqlite3")
-        fresh = VectorChangelog(
-            KafkaChangelog(kafka_bootstrap, topic, 1, request_timeout_s=30),
-            cache,
-            identity_of(PROVIDER),
-            keys,
-        )
+        fresh = node_changelog(kafka_bootstrap, topic, cache, keys)
         await fresh.start()
         try:
             assert (await fresh.restore(0)).stored == 2
