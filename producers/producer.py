@@ -104,9 +104,14 @@ def check_history(
 
 
 def check_owner(owner: str, field: str = "owner") -> None:
-    """InvalidInput if ``owner`` holds a control or invisible character (the record's own
-    checks, length and surrounding whitespace, run when it is built)."""
+    """InvalidInput if ``owner`` holds a control or invisible character, or is ``*`` (every
+    owner, in API keys; the API's ``USER_ID_PATTERN``). The record's own checks, length and
+    surrounding whitespace, run when it is built."""
     check_id(owner, field, "an owner id")
+    if owner == "*":
+        raise InvalidInput(
+            f"an owner id may not be `*`: it stands for every owner in API keys - at $.{field}"
+        )
 
 
 def check_id(value: object, field: str, what: str | None = None) -> None:

@@ -39,9 +39,12 @@ TOKEN_PATTERN = r"^[0-9]+:[0-9]+$"
 """A consistency token as a query parameter, ``partition:offset``."""
 PATTERN_WORDS = {
     USER_ID_PATTERN: "Expected an owner id without control characters, invisible characters "
-    "(U+200B zero-width space, U+FEFF, ...) or whitespace at either end",
+    "(U+200B zero-width space, U+200D zero-width joiner as in joined emoji, U+FEFF, ...) or "
+    "whitespace at either end, and not `*` (every owner, in API keys)",
+    ERASABLE_OWNER_PATTERN: "Expected an owner id without control characters or whitespace at "
+    "either end, and not `*` (every owner, in API keys: erase owners one at a time)",
     ID_PATTERN: "Expected an id without control characters or invisible characters (U+200B "
-    "zero-width space, U+FEFF, ...)",
+    "zero-width space, U+200D zero-width joiner as in joined emoji, U+FEFF, ...)",
     TEXT_PATTERN: "Expected text that is not empty or only whitespace",
     TOKEN_PATTERN: "Expected a consistency token `partition:offset`",
 }

@@ -48,15 +48,19 @@ the other format characters (Arabic number signs, interlinear annotation, Egypti
 hieroglyph format controls); the line and paragraph separators; and the braille blank.
 With any of them two ids that look the same are different owners, sessions or scopes."""
 USER_ID_PATTERN = (
-    rf"^[^\s{UNSEEN_CHARACTERS}](?:[^{UNSEEN_CHARACTERS}]*[^\s{UNSEEN_CHARACTERS}])?(?!\n)$"
+    rf"^(?!\*$)[^\s{UNSEEN_CHARACTERS}](?:[^{UNSEEN_CHARACTERS}]*[^\s{UNSEEN_CHARACTERS}])?"
+    r"(?!\n)$"
 )
 """An owner id as the API takes it: no control or invisible characters (the producer
-refuses them), no whitespace at either end (the record's own rule). ``(?!\n)$`` is the end
-of the text in Python's regex too (a bare ``$`` there also matches before a final newline,
-which let ``"alice\n"`` through)."""
+refuses them), no whitespace at either end (the record's own rule), and not ``*``, which
+stands for every owner in ``service.api_keys`` (an owner ``*`` was erased alone by
+``DELETE /v1/owners?user_id=*``). ``(?!\n)$`` is the end of the text in Python's regex too
+(a bare ``$`` there also matches before a final newline, which let ``"alice\n"``
+through)."""
 CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"
 ERASABLE_OWNER_PATTERN = (
-    rf"^[^\s{CONTROL_CHARACTERS}](?:[^{CONTROL_CHARACTERS}]*[^\s{CONTROL_CHARACTERS}])?(?!\n)$"
+    rf"^(?!\*$)[^\s{CONTROL_CHARACTERS}](?:[^{CONTROL_CHARACTERS}]*[^\s{CONTROL_CHARACTERS}])?"
+    r"(?!\n)$"
 )
 """An owner id as erasure takes it: no control characters (refused since before ids refused
 invisible ones), no whitespace at either end; so an owner an earlier version stored with

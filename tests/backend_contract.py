@@ -103,7 +103,7 @@ class MemoryBackendContract:
                 lambda bad: backend.supersede(node, bad, "alice"),
             ],
         }
-        bad_values: dict[str, list[object]] = {"user_id": ["", " alice ", "a\x00b", None]}
+        bad_values: dict[str, list[object]] = {"user_id": ["", " alice ", "a\x00b", "*", None]}
         for name, makes in calls.items():
             for bad in bad_values.get(name, ["", "x" * 257, None]):
                 for index, make in enumerate(makes):

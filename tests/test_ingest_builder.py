@@ -467,3 +467,11 @@ async def test_one_line_batches_keep_at_most_max_in_flight_appends_pending(
         await transport.close()
     assert summary.written == 300
     assert transport.most_running == MAX_IN_FLIGHT
+
+
+def test_an_owner_named_star_is_refused() -> None:
+    """``*`` stands for every owner in API keys: an owner ``*`` was stored, and
+    ``DELETE /v1/owners?user_id=*`` then erased that owner alone (adversarial trial)."""
+    producer = Producer(LocalLogTransport(Path("/nonexistent/log.sqlite3"), 4))
+    with pytest.raises(InvalidInput, match="may not be `\\*`"):
+        message_from_line(json.dumps({"owner": "*", "content": "x"}), producer)

@@ -370,3 +370,10 @@ async def test_an_owner_written_before_ids_refused_invisible_characters_can_be_e
     await engine.erase_owner(owner)  # in-process too
     detail = await refused(http, engine, "DELETE", "/v1/owners", params={"user_id": " alice"})
     assert "user_id" in detail
+    # `*` is every owner in API keys: an erasure of "*" erased an owner of that name alone.
+    detail = await refused(http, engine, "DELETE", "/v1/owners", params={"user_id": "*"})
+    assert "erase owners one at a time" in detail
+    detail = await refused(
+        http, engine, "POST", "/v1/memories", json={"user_id": "*", "content": "x"}
+    )
+    assert "not `*`" in detail
