@@ -9,9 +9,9 @@ After a batch is applied, :class:`Forgetting` (one per runner, shared by its sha
   vector-cache entries, and has every model of the shard ``purge()`` what its deletes left
   in its files: SQLite models checkpoint and truncate their WAL (``secure_delete`` is on,
   so deleted rows are overwritten), the lexical index is rewritten without deleted
-  documents, an embedded vector shard that deleted points is rewritten without them (its
-  files kept their vectors). A model without ``purge`` keeps nothing of the text. A vector
-  store of another embedding identity, which is
+  documents; then an embedded vector shard that deleted points is rewritten without them
+  (its files kept their vectors), beside the shard's thread so that its searches go on. A
+  model without ``purge`` keeps nothing of the text. A vector store of another embedding identity, which is
   applied no batch until ``prme rebuild --model vector``, deletes the owner's points
   here (``forget_owners``).
 
@@ -32,13 +32,14 @@ import msgspec
 import numpy as np
 
 from prme.producers.keys import KeyStore
+from prme.schemas.errors import ShardUnavailable
 from prme.schemas.records import OwnerErased
 
 from .derive import embedding_text
 from .embeddings.cached import CachedEmbeddingProvider
 from .embeddings.protocol import EmbeddingIdentity
 from .embeddings.vector_cache import VectorCache, content_hash
-from .model import ERASURES_PENDING, ProjectedRecord
+from .model import ERASURES_PENDING, ModelClosed, ProjectedRecord
 
 if TYPE_CHECKING:
     from .shard import Shard
@@ -130,7 +131,19 @@ class Forgetting:
                 self._queries.forget_owner(owner)
         if self._cache is not None:
             await asyncio.to_thread(self._cache.drop_owners, owners)
-        await shard.run(purge_models, list(shard.models.values()), owners)
+        models = list(shard.models.values())
+        await shard.run(purge_models, models, owners)
+        for model in models:  # beside the shard's thread: its searches go on
+            rewrite = getattr(model, "rewrite_if_due", None)
+            if callable(rewrite):
+                try:
+                    await asyncio.to_thread(rewrite)
+                except ModelClosed:
+                    if not shard.closing:
+                        raise
+                    raise ShardUnavailable(
+                        f"partition {shard.partition} closed during its erasure's purge"
+                    ) from None
         (shard.directory / PENDING).unlink(missing_ok=True)
         self.purges += 1
 

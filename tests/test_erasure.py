@@ -103,7 +103,9 @@ def drafts(owner: str, marker: str) -> list[MessageDraft]:
         ),
         MessageDraft(
             owner=owner,
-            content=[{"type": "text", "text": f"Remember {marker} for the trip to Lisbon."}],
+            # Two words of the marker: with one, the hashed provider's 64 signed slots gave
+            # alice's and bob's texts the same vector in ~2 % of runs.
+            content=[{"type": "text", "text": f"Remember {marker} for Lisbon ({marker}trip)."}],
             session_id="s1",
             role="assistant",
             tool_calls=[{"id": "c1", "name": "lookup", "args": {"q": marker}}],
@@ -553,13 +555,15 @@ async def test_a_vector_shard_is_rewritten_only_when_the_erasure_deleted_points_
     from prme.projectors.stores.vector_edge import EdgeVectorModel
 
     rewrites: list[str] = []
-    rewrite = EdgeVectorModel._rewrite
+    rewrite = EdgeVectorModel.rewrite_if_due
 
-    def counted(self: EdgeVectorModel) -> None:
-        rewrites.append(self._path.parent.name)
-        rewrite(self)
+    def counted(self: EdgeVectorModel) -> bool:
+        rewrote = rewrite(self)
+        if rewrote:
+            rewrites.append(self._path.parent.name)
+        return rewrote
 
-    monkeypatch.setattr(EdgeVectorModel, "_rewrite", counted)
+    monkeypatch.setattr(EdgeVectorModel, "rewrite_if_due", counted)
     engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
     try:
         await engine.store_many(drafts("alice", "one") + drafts(BOB, "two"))

@@ -9,8 +9,9 @@ last build) filtered search is an exact scan of the owner's points.
 A deleted point's vector stays in qdrant-edge's files (its segment's vector storage, its
 WAL) until a segment is rebuilt. So after an erasure deleted points, the purge rewrites the
 shard: every remaining point is copied into a new shard directory, which replaces the live
-one (the same swap as an index build's); the old files are deleted. The new shard has no
-HNSW graph: a due build follows in the background.
+one (the same swap as an index build's); the old files are deleted. The copy is read a page
+at a time, so searches go on meanwhile. The new shard has no HNSW graph: a due build
+follows in the background.
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ class EdgeVectorModel(VectorModelBase):
         self._builder: IndexBuilder | None = None
         self._node_ids: dict[int, str] = {}
         self._erasures = 0
+        self._writes = 0
+        """Batches written (a rewrite's copy is made again if one came meanwhile)."""
         self._rewrite_due = (path.parent / ERASURES_PENDING).exists()
         """Deleted points may hold vectors in the files: the next purge rewrites the shard
         (at open: when the shard's purge is pending, which a crash interrupted)."""
@@ -213,6 +216,7 @@ class EdgeVectorModel(VectorModelBase):
                 self._builder.maybe_start()
 
     def _write_locked(self, ops: list[VectorOp], tracking: TrackingState) -> None:
+        self._writes += 1
         pending: list[Point] = []
         for op in ops:
             if isinstance(op, UpsertPoint):
@@ -350,51 +354,76 @@ class EdgeVectorModel(VectorModelBase):
 
     def purge(self) -> None:
         """After an erasure (:func:`erasure.purge_models`): keep no remembered node id,
-        whether or not a batch reached this model (a mismatched one is never applied to),
-        and rewrite the shard if points were deleted (see the module's docstring)."""
+        whether or not a batch reached this model (a mismatched one is never applied to).
+        The rewrite that follows runs off the shard's thread (:meth:`rewrite_if_due`)."""
         with self._live.lock:
             self._node_ids.clear()
             self._erasures += 1
-            if self._rewrite_due and not self._closed:
-                self._rewrite()
-                self._rewrite_due = False
-                if self._builder is not None:
-                    self._builder.maybe_start()
 
-    def _rewrite(self) -> None:
-        """Replace the live shard by a copy of its remaining points (hold the lock). A
-        running index build is abandoned: its copy holds the deleted points."""
-        if self._builder is not None:
-            self._builder.abandon()
+    def rewrite_if_due(self) -> bool:
+        """If an erasure deleted points of this shard, replace the live shard by a copy of
+        its remaining points (see the module's docstring); returns whether it did. Call it
+        off the shard's thread while no batch is applied to the model (the erasure's purge
+        does): searches go on, as the lock is held for one page of the copy at a time and
+        for the swap. A write meanwhile (none is expected) has the copy made again under
+        the lock. An index build is held meanwhile (a running one is abandoned: its copy
+        holds the deleted points). ModelClosed if the model closes meanwhile."""
+        with self._live.lock:
+            if not self._rewrite_due or self._closed:
+                return False
+            if self._builder is not None:
+                self._builder.hold()
+            writes = self._writes
         staged = build_directory(self._path)
         try:
-            stored = self._tracking.identity if self._tracking is not None else self._identity
-            fresh = _create(staged, stored)
-            try:
-                _index_fields(fresh)
-                cursor = None
-                while True:
-                    page, cursor = self._shard.scroll(
-                        ScrollRequest(
-                            offset=cursor, limit=_SCROLL_PAGE, with_payload=True, with_vector=True
-                        )
-                    )
-                    points = [
-                        Point(record.id, cast("list[float]", record.vector), record.payload or {})
-                        for record in page
-                        if record.vector is not None
-                    ]
-                    if points:
-                        fresh.update(UpdateOperation.upsert_points(points))
-                    if cursor is None:
-                        break
-                fresh.flush()
-            finally:
-                fresh.close()
-            self._shard.close()
+            self._copy_points(staged)
+            with self._live.lock:
+                if self._writes != writes:
+                    shutil.rmtree(staged)
+                    self._copy_points(staged)  # (the lock is reentrant: held throughout)
+                self._swap_in(staged)
+                self._rewrite_due = False
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
+        finally:
+            if self._builder is not None:
+                with self._live.lock:
+                    self._builder.release()
+        return True
+
+    def _copy_points(self, staged: Path) -> None:
+        """A new shard at ``staged`` holding every point of the live one, read a page at a
+        time under the lock."""
+        stored = self._tracking.identity if self._tracking is not None else self._identity
+        fresh = _create(staged, stored)
+        try:
+            _index_fields(fresh)
+            cursor = None
+            while True:
+                request = ScrollRequest(
+                    offset=cursor, limit=_SCROLL_PAGE, with_payload=True, with_vector=True
+                )
+                with self._live.lock:
+                    if self._closed:
+                        raise ModelClosed(f"{self._path} closed during its rewrite")
+                    page, cursor = self._shard.scroll(request)
+                points = [
+                    Point(record.id, cast("list[float]", record.vector), record.payload or {})
+                    for record in page
+                    if record.vector is not None
+                ]
+                if points:
+                    fresh.update(UpdateOperation.upsert_points(points))
+                if cursor is None:
+                    break
+            fresh.flush()
+        finally:
+            fresh.close()
+
+    def _swap_in(self, staged: Path) -> None:
+        """Make the shard at ``staged`` the live one (hold the lock)."""
+        self._shard.close()
         try:
             swap_directories(self._path, staged)
         finally:

@@ -144,6 +144,8 @@ class IndexBuilder:
         self._thread: threading.Thread | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._cancelled = False
+        self._held = False
+        """No build starts (the live shard is being rewritten)."""
         self._copy: Path | None = None
         """The running build's copy of the shard, once taken."""
         self._abandoned = False
@@ -172,7 +174,12 @@ class IndexBuilder:
     def maybe_start(self) -> None:
         """Start a build if one is due and none is running."""
         with self._idle:
-            if self._cancelled or self._thread is not None or self._policy.threshold <= 0:
+            if (
+                self._cancelled
+                or self._held
+                or self._thread is not None
+                or self._policy.threshold <= 0
+            ):
                 return
             points, indexed = self._counts()
             if points < self._retry_from or not self._policy.due(points, indexed):
@@ -187,6 +194,20 @@ class IndexBuilder:
                 target=self._run, name=f"prme-index-{self._live.path.name}", daemon=True
             )
             self._thread.start()
+
+    def hold(self) -> None:
+        """No build starts until :meth:`release`; a running one is abandoned (call with
+        the shard's lock held)."""
+        with self._idle:
+            self._held = True
+        self.abandon()
+
+    def release(self) -> None:
+        """Builds may start again, and one that is due starts (call with the shard's lock
+        held)."""
+        with self._idle:
+            self._held = False
+        self.maybe_start()
 
     def abandon(self) -> None:
         """Drop the running build, if any (call with the shard's lock held): its child is
@@ -243,7 +264,7 @@ class IndexBuilder:
         copy = build_directory(self._live.path)
         try:
             with self._live.lock:
-                if self._cancelled:
+                if self._cancelled or self._held:
                     return
                 self._live.shard.flush()
                 shutil.copytree(self._live.path, copy)
