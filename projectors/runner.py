@@ -337,7 +337,12 @@ class ProjectorRunner:
 
     def _released(self, partition: int) -> None:
         """The node stopped using ``partition``'s directory: its cleanup delay starts now
-        (a use between two sweeps would otherwise go unseen)."""
+        (a use between two sweeps would otherwise go unseen), and what it knew of the
+        partition's changelog is forgotten (another node writes it meanwhile: a later use
+        restores what came since). A standby closed without it, then taken over, was
+        opened as restored and encoded the texts its owner wrote since (cluster trial)."""
+        if self.changelog is not None:
+            self.changelog.forget(partition)
         if self.state_cleaner is not None:
             self.state_cleaner.released(partition)
 

@@ -246,6 +246,8 @@ class Metrics:
             "cache; query: retrieval queries)",
             ("task",),
         )
+        for task in ("document", "query"):  # 0, not absent, on a node that encoded none
+            self.texts_encoded.labels(task)
         self.embed_duration = histogram(
             "prme_embedding_batch_duration_seconds",
             "Time of one call to the embedding provider",

@@ -181,3 +181,38 @@ async def test_an_idle_caught_up_kafka_node_reports_lag_zero(
         assert any(s.log_end > s.applied_offset + 1 for s in statuses)  # markers are there
         assert total(samples, "prme_projector_lag_records") == 0
         assert total(samples, "prme_projector_records_applied_total") == 13
+
+
+def test_texts_encoded_is_zero_not_absent_before_any_encoding() -> None:
+    """A node that restored every vector encodes none: its series read 0 (a cluster trial
+    found them missing, so '0 texts encoded' could only be read as an absent series)."""
+    from prme.schemas.metrics import Metrics
+
+    samples = parse(Metrics(enabled=True).render().decode())
+    for task in ("document", "query"):
+        key = ("prme_embedding_texts_encoded_total", frozenset({("task", task)}))
+        assert samples[key] == 0
+
+
+async def test_a_closed_standby_forgets_what_it_read_of_its_changelog(
+    local_settings: Settings, hashed_provider: Any, tmp_path: Any
+) -> None:
+    """A standby closed, and later taken over, was opened as restored: the vectors its
+    owner published meanwhile were not loaded, and the node encoded those texts again
+    (cluster trial). Closing it now forgets the partition's changelog state."""
+    from prme.producers.local_log import LocalLogTransport
+    from prme.projectors.runner import ProjectorRunner
+    from prme.projectors.vector_changelog import VectorChangelog
+
+    transport = LocalLogTransport(tmp_path / "log.sqlite3", 4)
+    runner = ProjectorRunner(local_settings, transport, hashed_provider)
+    runner.changelog = VectorChangelog(
+        object(),  # type: ignore[arg-type]  # (no log is read: restored/forget only)
+        runner.vector_cache,
+        runner.identity,
+    )
+    runner.changelog._known[2], runner.changelog._read_to[2] = {}, 7
+    assert runner.changelog.restored(2)
+    runner._released(2)  # what the standby keeper calls when it closes a standby
+    assert not runner.changelog.restored(2)
+    runner.vector_cache.close()
