@@ -11,9 +11,9 @@ After a batch is applied, :class:`Forgetting` (one per runner, shared by its sha
   so deleted rows are overwritten), the lexical index is rewritten without deleted
   documents; then an embedded vector shard that deleted points is rewritten without them
   (its files kept their vectors), beside the shard's thread so that its searches go on. A
-  model without ``purge`` keeps nothing of the text. A vector store of another embedding identity, which is
-  applied no batch until ``prme rebuild --model vector``, deletes the owner's points
-  here (``forget_owners``).
+  model without ``purge`` keeps nothing of the text. A vector store of another embedding
+  identity, which is applied no batch until ``prme rebuild --model vector``, deletes the
+  owner's points here (``forget_owners``).
 
 The erased owners are noted in ``<shard>/erasures.pending`` before the models apply the
 batch and the note is removed after the purge, so a crash in between purges when the

@@ -12,7 +12,7 @@ import pytest
 from qdrant_edge import EdgeShard
 
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
-from prme.projectors.model import ProjectedRecord
+from prme.projectors.model import ModelClosed, ProjectedRecord
 from prme.projectors.stores import vector_edge
 from prme.projectors.stores.vector_base import VectorModelBase, point_id
 from prme.projectors.stores.vector_edge import EdgeVectorModel
@@ -262,3 +262,13 @@ def test_a_rewrite_after_an_erasure_lets_searches_go_on_and_keeps_the_rest(
         )
         assert model.search(basis(1), "alice", None, 3) == []
         assert model.applied_offset() == 8
+
+
+def test_a_rewrite_due_on_a_closed_shard_is_refused_not_skipped(tmp_path: Path) -> None:
+    """Skipped, the erasure's purge would count as done: its pending note removed, the
+    reopened shard would keep the deleted vectors in its files."""
+    model = EdgeVectorModel(tmp_path / "p0", IDENTITY)
+    model.apply([*alices(2), ProjectedRecord(offset=2, record=erased("x2"))])
+    model.close()
+    with pytest.raises(ModelClosed):
+        model.rewrite_if_due()

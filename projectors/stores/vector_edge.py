@@ -73,8 +73,6 @@ from .vector_index_build import (
     build_directory,
     recover,
     remove_leftovers,
-    retired_directory,
-    swap_directories,
 )
 
 if TYPE_CHECKING:
@@ -369,8 +367,10 @@ class EdgeVectorModel(VectorModelBase):
         the lock. An index build is held meanwhile (a running one is abandoned: its copy
         holds the deleted points). ModelClosed if the model closes meanwhile."""
         with self._live.lock:
-            if not self._rewrite_due or self._closed:
+            if not self._rewrite_due:
                 return False
+            if self._closed:  # (the purge stays pending: it runs when the shard opens)
+                raise ModelClosed(f"{self._path} closed before its rewrite")
             if self._builder is not None:
                 self._builder.hold()
             writes = self._writes
@@ -381,7 +381,7 @@ class EdgeVectorModel(VectorModelBase):
                 if self._writes != writes:
                     shutil.rmtree(staged)
                     self._copy_points(staged)  # (the lock is reentrant: held throughout)
-                self._swap_in(staged)
+                self._live.replace(staged)
                 self._rewrite_due = False
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
@@ -420,16 +420,6 @@ class EdgeVectorModel(VectorModelBase):
             fresh.flush()
         finally:
             fresh.close()
-
-    def _swap_in(self, staged: Path) -> None:
-        """Make the shard at ``staged`` the live one (hold the lock)."""
-        self._shard.close()
-        try:
-            swap_directories(self._path, staged)
-        finally:
-            self._live.shard = EdgeShard.load(str(self._path))
-            self._live.indexed = self._live.shard.info().indexed_vectors_count > 0
-        shutil.rmtree(retired_directory(self._path), ignore_errors=True)
 
     def _points(self) -> Iterator[StoredPoint]:
         where = Filter(must_not=[HasIdCondition({_TRACKING_ID})])

@@ -114,6 +114,17 @@ class LiveShard:
         self.indexed = shard.info().indexed_vectors_count > 0
         """The shard has an HNSW graph (a build was swapped in)."""
 
+    def replace(self, staged: Path) -> None:
+        """Make the closed shard at ``staged`` the live one: the live shard is closed, the
+        directories swapped, the new one opened and the old files deleted (hold the lock)."""
+        self.shard.close()
+        try:
+            swap_directories(self.path, staged)
+        finally:
+            self.shard = EdgeShard.load(str(self.path))
+            self.indexed = self.shard.info().indexed_vectors_count > 0
+        shutil.rmtree(retired_directory(self.path), ignore_errors=True)
+
 
 class _Journal:
     """What was written to the live shard since its copy was taken."""
@@ -334,13 +345,7 @@ class IndexBuilder:
             built.flush()
         finally:
             built.close()
-        self._live.shard.close()
-        try:
-            swap_directories(self._live.path, copy)
-        finally:
-            self._live.shard = EdgeShard.load(str(self._live.path))
-            self._live.indexed = self._live.shard.info().indexed_vectors_count > 0
-        shutil.rmtree(retired_directory(self._live.path), ignore_errors=True)
+        self._live.replace(copy)
 
 
 def replay(
