@@ -1,4 +1,4 @@
-"""The prme command line: ingest, audit, models, project, rebuild, serve, status, mcp."""
+"""The prme command line: ingest, audit, erase, models, project, rebuild, serve, status, mcp."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def _owner(text: str) -> str:
     except msgspec.ValidationError:
         raise argparse.ArgumentTypeError(
             f"an owner id (1 to 256 characters, no control or invisible characters, no "
-            f"whitespace at either end), not {text!r}"
+            f"whitespace at either end, not `*`), not {text!r}"
         ) from None
 
 
@@ -269,6 +269,38 @@ async def _audit(args: argparse.Namespace) -> int:
         await keys.close()
         await transport.close()
         out.flush()
+    return 0
+
+
+async def _erase(args: argparse.Namespace) -> int:
+    """Erase one owner through a running service (``--url``) or in a stopped pack."""
+    from prme.query.client import AsyncMemoryClient
+    from prme.query.http_types import check_erasable, node_urls
+    from prme.schemas.errors import ConfigurationError, InvalidInput, PRMEError
+
+    try:
+        check_erasable(args.owner)
+    except InvalidInput as error:
+        print(f"prme erase: --owner: {error}", file=sys.stderr)
+        return 2
+    settings = _settings(args)
+    if args.url is not None:
+        if args.data_dir is not None:
+            raise ConfigurationError("give --url (a running prme serve) or --data-dir, not both")
+        node_urls(args.url)  # a careless URL: one line, exit 2
+        client = AsyncMemoryClient(url=args.url, api_key=args.api_key or settings.api_key)
+    else:
+        _require_log(settings)  # a mistyped --data-dir is no pack to erase from
+        client = AsyncMemoryClient(settings.data_dir, settings=settings)
+    try:
+        async with client:
+            result = await client.erase_owner(args.owner, wait=not args.no_wait)
+    except ConfigurationError:
+        raise
+    except PRMEError as error:
+        print(f"prme erase: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    print(msgspec.json.encode(result).decode())
     return 0
 
 
@@ -708,6 +740,27 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--owner", required=True, type=_owner, help="the owner id")
     _add_log_options(audit)
     audit.set_defaults(run=lambda a: asyncio.run(_audit(a)))
+
+    erase = commands.add_parser(
+        "erase",
+        help="erase an owner: every read model forgets it, its data keys are deleted "
+        "(docs/OPERATIONS.md)",
+        description="Erase one owner, as DELETE /v1/owners does: through a running `prme "
+        "serve` (--url; on Kafka any node of the cluster) or in a stopped pack (--data-dir). "
+        "Prints the erasure's StoreResult (JSON); with --no-wait it does not wait until the "
+        "read models' files are purged. Exit 0 once erased; 1 if the service refuses; 2 "
+        "for a careless argument.",
+    )
+    erase.add_argument("--owner", required=True, help="the owner id")
+    erase.add_argument("--url", help="a running service (on Kafka, any node)")
+    erase.add_argument(
+        "--api-key",
+        help="with --url: the owner's key or an admin key; PRME_API_KEY does the same "
+        "without showing the key in ps",
+    )
+    erase.add_argument("--no-wait", action="store_true", help="do not wait for the purge")
+    _add_log_options(erase)
+    erase.set_defaults(run=lambda a: asyncio.run(_erase(a)))
 
     models = commands.add_parser("models", help="manage embedding models")
     models_commands = models.add_subparsers(dest="models_command", required=True)

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import httpx
 import pytest
 
 LINES = [
@@ -777,3 +778,43 @@ def test_rebuild_quiet_prints_no_server_log_lines_and_status_names_no_group_when
     }
     assert "group" not in render_status(status)
     assert "group prme-projectors" in render_status({**status, "transport": "kafka"})
+
+
+def test_erase_takes_an_owner_out_of_a_stopped_pack_and_through_a_running_service(
+    tmp_path: Path,
+) -> None:
+    """``prme erase``: the trial found no command for an operator's erasure request."""
+    from .mcp_harness import clean_env, prme_serve
+
+    pack = tmp_path / "pack"
+    data = ["--data-dir", str(pack)]
+    assert prme("ingest", str(write_jsonl(tmp_path / "in.jsonl", LINES)), "--quiet", *data)
+    erased = prme("erase", "--owner", "alice", *data)
+    assert erased.returncode == 0, erased.stderr
+    assert json.loads(erased.stdout)["event_id"]
+    rows = [json.loads(line) for line in prme("audit", "--owner", "alice", *data).stdout.split()]
+    assert rows[-1]["record"]["kind"] == "owner_erased"
+    assert all(row["record"].get("erased") for row in rows[:-1])
+    bob = prme("audit", "--owner", "bob", *data).stdout
+    assert "bob's" in bob and '"erased"' not in bob
+    for careless, why in (
+        (["--owner", "*", *data], "not `*`"),
+        (["--owner", " x", *data], "whitespace"),
+        (["--owner", "x", "--data-dir", str(tmp_path / "never")], "no PRME log"),
+        (["--owner", "x", "--url", "localhost:8765"], "url"),
+    ):
+        refused = prme("erase", *careless)
+        assert refused.returncode == 2, (careless, refused.stderr)
+        assert why in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    env = clean_env(PRME_SERVICE__API_KEYS=json.dumps({"sk-bob": "bob", "sk-admin": "*"}))
+    with prme_serve(pack, env) as url:
+        wrong = prme("erase", "--owner", "bob", "--url", url, env={"PRME_API_KEY": "sk-nope"})
+        assert wrong.returncode == 1 and "Traceback" not in wrong.stderr, wrong.stderr
+        through = prme("erase", "--owner", "bob", "--url", url, env={"PRME_API_KEY": "sk-bob"})
+        assert through.returncode == 0, through.stderr
+        history = httpx.get(
+            f"{url}/v1/history",
+            params={"user_id": "bob", "session_id": "s1"},
+            headers={"Authorization": "Bearer sk-admin"},
+        )
+        assert history.status_code == 200 and history.json() == []
