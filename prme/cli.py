@@ -120,16 +120,19 @@ def _port(text: str) -> int:
 
 
 def _owner(text: str) -> str:
-    """``--owner``: an owner id, as the API takes one."""
-    from prme.schemas.records import UserIdField
+    """``--owner`` of ``prme audit``: any owner a record may hold (as erasure takes one:
+    ids an earlier version stored with an invisible character, or named ``*``, included)."""
+    from prme.query.http_types import check_erasable
+    from prme.schemas.errors import InvalidInput
 
     try:
-        return msgspec.convert(text, UserIdField)
-    except msgspec.ValidationError:
+        check_erasable(text)
+    except InvalidInput:
         raise argparse.ArgumentTypeError(
-            f"an owner id (1 to 256 characters, no control or invisible characters, no "
-            f"whitespace at either end, not `*`), not {text!r}"
+            f"an owner id (1 to 256 characters, no control characters, no whitespace at "
+            f"either end), not {text!r}"
         ) from None
+    return text
 
 
 def _seconds(text: str) -> float:
@@ -280,6 +283,11 @@ async def _erase(args: argparse.Namespace) -> int:
 
     try:
         check_erasable(args.owner)
+        if args.owner == "*":
+            raise InvalidInput(
+                "`*` stands for every owner in API keys: erase owners one at a time (an owner "
+                "an earlier version stored as `*`: MemoryEngine.erase_owner('*'))"
+            )
     except InvalidInput as error:
         print(f"prme erase: --owner: {error}", file=sys.stderr)
         return 2

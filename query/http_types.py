@@ -24,6 +24,7 @@ from prme.schemas.cluster import ClusterMember, TopicRefused
 from prme.schemas.errors import ConfigurationError, InvalidInput, patterns_in_words
 from prme.schemas.records import (
     ERASABLE_OWNER_PATTERN,
+    HTTP_ERASABLE_OWNER_PATTERN,
     ID_PATTERN,
     USER_ID_PATTERN,
     Role,
@@ -42,7 +43,10 @@ PATTERN_WORDS = {
     "(U+200B zero-width space, U+200D zero-width joiner as in joined emoji, U+FEFF, ...) or "
     "whitespace at either end, and not `*` (every owner, in API keys)",
     ERASABLE_OWNER_PATTERN: "Expected an owner id without control characters or whitespace at "
-    "either end, and not `*` (every owner, in API keys: erase owners one at a time)",
+    "either end",
+    HTTP_ERASABLE_OWNER_PATTERN: "Expected an owner id without control characters or "
+    "whitespace at either end, and not `*` (every owner, in API keys: erase owners one at a "
+    "time)",
     ID_PATTERN: "Expected an id without control characters or invisible characters (U+200B "
     "zero-width space, U+200D zero-width joiner as in joined emoji, U+FEFF, ...)",
     TEXT_PATTERN: "Expected text that is not empty or only whitespace",

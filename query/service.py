@@ -38,7 +38,7 @@ from prme.schemas.errors import (
     Unauthenticated,
     patterns_in_words,
 )
-from prme.schemas.records import ERASABLE_OWNER_PATTERN, Message
+from prme.schemas.records import HTTP_ERASABLE_OWNER_PATTERN, Message
 
 from .auth import ApiKeys, Caller
 from .cluster import NotOwner
@@ -145,10 +145,11 @@ ErasedUserId = Annotated[
     str,
     QueryParameter(
         description="the owner erased (1-256 characters, no control characters, no "
-        "surrounding space: one written before ids refused invisible characters too)",
+        "surrounding space: one written before ids refused invisible characters too; not "
+        "`*`, which stands for every owner in API keys)",
         min_length=1,
         max_length=256,
-        pattern=ERASABLE_OWNER_PATTERN,
+        pattern=HTTP_ERASABLE_OWNER_PATTERN,
     ),
 ]
 Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]

@@ -59,12 +59,15 @@ stands for every owner in ``service.api_keys`` (an owner ``*`` was erased alone 
 through)."""
 CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"
 ERASABLE_OWNER_PATTERN = (
-    rf"^(?!\*$)[^\s{CONTROL_CHARACTERS}](?:[^{CONTROL_CHARACTERS}]*[^\s{CONTROL_CHARACTERS}])?"
-    r"(?!\n)$"
+    rf"^[^\s{CONTROL_CHARACTERS}](?:[^{CONTROL_CHARACTERS}]*[^\s{CONTROL_CHARACTERS}])?(?!\n)$"
 )
 """An owner id as erasure takes it: no control characters (refused since before ids refused
 invisible ones), no whitespace at either end; so an owner an earlier version stored with
-an invisible character can still be erased."""
+an invisible character, or named ``*``, can still be erased (``MemoryEngine.erase_owner``,
+``prme audit``; over HTTP ``*`` is refused: ``HTTP_ERASABLE_OWNER_PATTERN``)."""
+HTTP_ERASABLE_OWNER_PATTERN = "^(?!\\*$)" + ERASABLE_OWNER_PATTERN[1:]
+"""``DELETE /v1/owners``'s owner: not ``*``, which an admin key's holder reads as every
+owner (an erasure of ``*`` erased an owner of that name alone)."""
 ID_PATTERN = rf"^[^{UNSEEN_CHARACTERS}]+(?!\n)$"
 """A session, scope, event, node or request id as the API takes it: no control or
 invisible characters."""

@@ -104,9 +104,13 @@ class MemoryBackendContract:
             ],
         }
         bad_values: dict[str, list[object]] = {"user_id": ["", " alice ", "a\x00b", "*", None]}
+        erase = calls["user_id"][11]
         for name, makes in calls.items():
             for bad in bad_values.get(name, ["", "x" * 257, None]):
                 for index, make in enumerate(makes):
+                    if bad == "*" and make is erase:
+                        continue  # `*` is every owner only where API keys are: over HTTP
+
                     with pytest.raises(InvalidInput, match=name) as caught:
                         await make(bad)
                     assert type(caught.value) is InvalidInput, (name, bad, index)

@@ -798,7 +798,7 @@ def test_erase_takes_an_owner_out_of_a_stopped_pack_and_through_a_running_servic
     bob = prme("audit", "--owner", "bob", *data).stdout
     assert "bob's" in bob and '"erased"' not in bob
     for careless, why in (
-        (["--owner", "*", *data], "not `*`"),
+        (["--owner", "*", *data], "erase owners one at a time"),
         (["--owner", " x", *data], "whitespace"),
         (["--owner", "x", "--data-dir", str(tmp_path / "never")], "no PRME log"),
         (["--owner", "x", "--url", "localhost:8765"], "url"),

@@ -373,6 +373,13 @@ async def test_an_owner_written_before_ids_refused_invisible_characters_can_be_e
     # `*` is every owner in API keys: an erasure of "*" erased an owner of that name alone.
     detail = await refused(http, engine, "DELETE", "/v1/owners", params={"user_id": "*"})
     assert "erase owners one at a time" in detail
+    # An owner an earlier version stored as "*" stays erasable in-process (no API keys).
+    star = await transport.append(LogItem(b"*", encode_record(msg("e2", "old", "*"))))
+    await engine.wait_for([star])
+    starred = await engine.runner.shard_for("*")
+    assert await starred.call("history", lambda m: m.messages("*", "s1", "default"))
+    await engine.erase_owner("*")
+    assert await starred.call("history", lambda m: m.messages("*", "s1", "default")) == []
     detail = await refused(
         http, engine, "POST", "/v1/memories", json={"user_id": "*", "content": "x"}
     )

@@ -272,3 +272,29 @@ def test_a_rewrite_due_on_a_closed_shard_is_refused_not_skipped(tmp_path: Path) 
     model.close()
     with pytest.raises(ModelClosed):
         model.rewrite_if_due()
+
+
+def test_a_close_after_the_copy_and_before_the_swap_leaves_the_shard_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard closed (the node stopping) between the rewrite's last page and its swap was
+    swapped and opened again behind the closed model: its WAL lock held, a reopen in the
+    process failed (review)."""
+    model = EdgeVectorModel(tmp_path / "p0", IDENTITY)
+    model.apply([*alices(2), message(2, basis(1), owner="bob")])
+    model.apply([ProjectedRecord(offset=3, record=erased("x3"))])
+    copy = EdgeVectorModel._copy_points
+
+    def copy_then_close(self: EdgeVectorModel, staged: Path) -> None:
+        copy(self, staged)
+        self.close()
+
+    monkeypatch.setattr(EdgeVectorModel, "_copy_points", copy_then_close)
+    with pytest.raises(ModelClosed):
+        model.rewrite_if_due()
+    assert not list(tmp_path.glob("p0.index-*"))
+    monkeypatch.undo()
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as reopened:
+        assert ids(reopened.search(basis(1), "bob", None, 3)) == [
+            node_of(message(2, basis(1), owner="bob"))
+        ]

@@ -378,6 +378,8 @@ class EdgeVectorModel(VectorModelBase):
         try:
             self._copy_points(staged)
             with self._live.lock:
+                if self._closed:  # (the purge stays pending: it runs when the shard opens)
+                    raise ModelClosed(f"{self._path} closed during its rewrite")
                 if self._writes != writes:
                     shutil.rmtree(staged)
                     self._copy_points(staged)  # (the lock is reentrant: held throughout)
