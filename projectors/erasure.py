@@ -144,11 +144,8 @@ class Forgetting:
                     raise ShardUnavailable(
                         f"partition {shard.partition} closed during its erasure's purge"
                     ) from None
-        (shard.directory / PENDING).unlink(missing_ok=True)
+        (shard.directory / ERASURES_PENDING).unlink(missing_ok=True)
         self.purges += 1
-
-
-PENDING = ERASURES_PENDING
 
 
 def _refs(items: Iterable[ProjectedRecord]) -> list[tuple[str, str]]:
@@ -166,7 +163,9 @@ def _erased(projected: list[ProjectedRecord]) -> list[str]:
 
 def _read_pending(directory: Path) -> list[str]:
     try:
-        return list(msgspec.json.decode((directory / PENDING).read_bytes(), type=list[str]))
+        return list(
+            msgspec.json.decode((directory / ERASURES_PENDING).read_bytes(), type=list[str])
+        )
     except FileNotFoundError:
         return []
     except msgspec.DecodeError:  # a torn write: purge every model, no owner known
@@ -175,9 +174,9 @@ def _read_pending(directory: Path) -> list[str]:
 
 def _write_pending(directory: Path, owners: list[str]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    staged = directory / (PENDING + ".tmp")
+    staged = directory / (ERASURES_PENDING + ".tmp")
     with open(staged, "wb") as handle:
         handle.write(msgspec.json.encode(owners))
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(staged, directory / PENDING)
+    os.replace(staged, directory / ERASURES_PENDING)

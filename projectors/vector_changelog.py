@@ -282,13 +282,12 @@ class VectorChangelog:
         if partition not in self._known:  # an erasure needs every key of the partition
             await self.restore(partition)
         known = self._known[partition]
-        refs = {
-            ref
+        sealed_with = {
+            item.offset: key_ref(item.sealed)
             for item in projected
-            if item.vector is not None
-            and item.sealed is not None
-            and (ref := key_ref(item.sealed)) is not None
+            if item.vector is not None and item.sealed is not None
         }
+        refs = {ref for ref in sealed_with.values() if ref is not None}
         keys = await self._keys.reading_keys(refs) if refs and self._keys is not None else {}
         pending: dict[bytes, bytes] = {}
         written = 0
@@ -301,20 +300,21 @@ class VectorChangelog:
                 digest = content_hash(embedding_text(item.node))
                 key = ChangelogKey(self._identity.key, digest, item.node.owner).encode()
                 if key not in known:
-                    value = self._value(item, key, keys)
+                    value = self._value(item, key, sealed_with.get(item.offset), keys)
                     if value is not None:
                         pending[key] = value
         written += await self._publish(partition, pending, known)
         return written
 
-    def _value(self, item: ProjectedRecord, key: bytes, keys: dict[KeyRef, bytes]) -> bytes | None:
+    def _value(
+        self, item: ProjectedRecord, key: bytes, ref: KeyRef | None, keys: dict[KeyRef, bytes]
+    ) -> bytes | None:
         """The changelog value of ``item``'s vector: sealed with the key that sealed its
-        record; ``None`` when that key is gone (the owner was erased meanwhile: nothing of
-        theirs is published); plain for an unsealed record."""
+        record (``ref``); ``None`` when that key is gone (the owner was erased meanwhile:
+        nothing of theirs is published); plain for an unsealed record."""
         plain = np.asarray(item.vector, dtype=_FLOAT32).tobytes()
         if item.sealed is None:
             return plain
-        ref = key_ref(item.sealed)
         data_key = None if ref is None else keys.get(ref)
         if ref is None or data_key is None:
             return None

@@ -352,7 +352,8 @@ async def test_an_indexed_vector_shard_and_a_build_under_way_keep_no_erased_vect
 async def test_a_purge_a_crash_interrupted_runs_when_the_shard_opens_again(
     local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prme.projectors.erasure import PENDING, Forgetting
+    from prme.projectors.erasure import Forgetting
+    from prme.projectors.model import ERASURES_PENDING
     from prme.schemas.errors import ShardUnavailable
 
     data_dir = local_settings.data_path
@@ -371,14 +372,14 @@ async def test_a_purge_a_crash_interrupted_runs_when_the_shard_opens_again(
                 await engine.erase_owner("alice")
     finally:
         await engine.close()
-    assert list(data_dir.glob(f"shards/p*/{PENDING}"))
+    assert list(data_dir.glob(f"shards/p*/{ERASURES_PENDING}"))
     assert files_holding(data_dir, alice)  # the lexical segments still hold the text
     assert files_holding_vectors(data_dir, vectors)  # and the vector shard the vectors
     reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
     try:
         assert files_holding(data_dir, alice) == []
         assert files_holding_vectors(data_dir, vectors) == []
-        assert not list(data_dir.glob(f"shards/p*/{PENDING}"))
+        assert not list(data_dir.glob(f"shards/p*/{ERASURES_PENDING}"))
         await check_bob_intact(reopened, bob)
     finally:
         await reopened.close()
@@ -550,8 +551,9 @@ async def test_a_write_sealed_before_an_erasure_is_appended_before_its_marker(
 async def test_a_vector_shard_is_rewritten_only_when_the_erasure_deleted_points_of_it(
     local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A rewrite holds the partition's searches: erasing an owner without points in the
-    shard, or erasing again, rewrites nothing (even the first erasure after an open)."""
+    """A rewrite holds the partition's writes and costs ~100 µs a point: erasing an owner
+    without points in the shard, or erasing again, rewrites nothing (even the first
+    erasure after an open)."""
     from prme.projectors.stores.vector_edge import EdgeVectorModel
 
     rewrites: list[str] = []
