@@ -4,16 +4,12 @@ Encodes ~20-word sentences in batches of 64 with ``FastEmbedProvider`` (median o
 runs), then the same number of texts, half of them repeats, through a fresh
 ``CachedEmbeddingProvider`` per run, and reports both rates and their ratio.
 
-    python benchmarks/embedding_throughput.py [--sentences 256] [--runs 5]
+    python -m benchmarks.embedding_throughput [--sentences 256] [--runs 5] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
-import platform
 import random
 import statistics
 import time
@@ -21,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import machine, run_benchmark
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
 from prme.projectors.embeddings.model_assets import ensure_default_model
@@ -56,7 +53,7 @@ async def encode_all(provider: Any, texts: Sequence[str], batch: int) -> float:
     return len(texts) / (time.perf_counter() - started)
 
 
-async def measure(arguments: argparse.Namespace) -> dict[str, Any]:
+async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
     model_dir = ensure_default_model(arguments.models_dir)
     provider = FastEmbedProvider(
         model_path=model_dir, batch_size=arguments.batch_size, threads=arguments.threads
@@ -74,7 +71,7 @@ async def measure(arguments: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": provider.model_name,
         "model_version": provider.model_version,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "sentence_words": 20,
         "call_batch": 64,
         "encoder_batch": arguments.batch_size,
@@ -88,14 +85,14 @@ async def measure(arguments: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sentences", type=int, default=256)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32, help="encoder batch size")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--models-dir", type=Path, default=Settings().models_path)
-    print(json.dumps(asyncio.run(measure(parser.parse_args())), indent=2))
+    run_benchmark(parser, measure, argv)
 
 
 if __name__ == "__main__":

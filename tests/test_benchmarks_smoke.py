@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import (
     cluster,
+    embedding_throughput,
     index_quantization,
     ingest_throughput,
     projection,
@@ -60,6 +61,24 @@ def test_ingest_benchmark_compares_prme_with_bare_aiokafka(
         abs=5e-4,  # ratio() rounds to 3 decimals: a small ratio is off by more than 1 %
     )
     assert ratios["local_to_bare_aiokafka"] > 0
+
+
+@pytest.mark.model
+def test_embedding_benchmark_reports_plain_and_cached_rates(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    report = run(
+        embedding_throughput.main,
+        tmp_path,
+        *("--sentences", "8", "--runs", "1", "--models-dir", str(default_model_dir.parent)),
+    )
+    assert report["sentences_per_run"] == 8 and report["machine"]["cpus"] > 0
+    assert report["plain_sentences_per_s"] > 0 and report["cached_50pct_repeat_sentences_per_s"] > 0
+    assert report["cached_to_plain_ratio"] == pytest.approx(
+        report["cached_50pct_repeat_sentences_per_s"] / report["plain_sentences_per_s"],
+        rel=0.01,
+        abs=5e-3,
+    )
 
 
 @pytest.mark.kafka
