@@ -1,5 +1,5 @@
 """The query string as strictly as a body: a parameter given twice, one the route does not
-take, or a whole number written otherwise is refused.
+take, a whole number written otherwise, or bytes that are not UTF-8 are refused.
 
 Every endpoint reads one value per query parameter, and readers disagree on which of two
 (the forwarding middleware routes by the first ``user_id``, the app would act on the
@@ -27,25 +27,25 @@ from prme.schemas.errors import InvalidInput, shown
 
 from .http_types import ErrorBody
 
-WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+WHOLE_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)")
+"""What the conversion of a query string reads as a whole number (no sign ``+``, no leading
+zero): anything else gets this module's message, not the converter's."""
 
 
-class SingleQueryValues:
-    """ASGI middleware: 400 ``invalid_input`` for a query parameter given more than once."""
+class StrictQueryString:
+    """ASGI middleware: 400 ``invalid_input`` for a query string that is not UTF-8 once
+    percent-decoded, or that gives a parameter more than once."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         query = scope.get("query_string", b"") if scope["type"] == "http" else b""
-        repeated = repeated_parameters(query) if query else []
-        if not repeated:
+        problem = query_string_problem(query) if query else None
+        if problem is None:
             await self.app(scope, receive, send)
             return
-        names = ", ".join(shown(name) for name in repeated)
-        content = msgspec.json.encode(
-            ErrorBody("invalid_input", f"query parameter {names} given more than once")
-        )
+        content = msgspec.json.encode(ErrorBody("invalid_input", problem))
         await send(
             {
                 "type": "http.response.start",
@@ -59,11 +59,19 @@ class SingleQueryValues:
         await send({"type": "http.response.body", "body": content, "more_body": False})
 
 
-def repeated_parameters(query: bytes) -> list[str]:
-    counts = Counter(
-        name for name, _ in parse_qsl(query.decode(errors="replace"), keep_blank_values=True)
-    )
-    return sorted(name for name, count in counts.items() if count > 1)
+def query_string_problem(query: bytes) -> str | None:
+    """Why ``query`` is refused, or ``None``. Bytes that are not UTF-8 would be read as
+    U+FFFD (every such id the same owner, ``?user_id=%FF`` and ``?user_id=%FE`` alike)."""
+    try:
+        pairs = parse_qsl(query.decode(), keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        return "the query string is not UTF-8 once percent-decoded"
+    counts = Counter(name for name, _ in pairs)
+    repeated = sorted(name for name, count in counts.items() if count > 1)
+    if repeated:
+        names = ", ".join(shown(name) for name in repeated)
+        return f"query parameter {names} given more than once"
+    return None
 
 
 def check_query_parameters(

@@ -317,6 +317,49 @@ async def test_a_query_parameter_given_twice_is_400_before_any_reader_sees_it(
     assert alone.status_code == 200
 
 
+async def test_a_query_string_that_is_not_utf8_is_400_and_erases_nobody(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    """Undecodable bytes were read as U+FFFD: ``?user_id=%FE`` named, and erased, the owner
+    whose id is that character."""
+    stored = await http.post(
+        "/v1/memories", json={"user_id": "\ufffd", "content": "kept"}, headers=ADMIN
+    )
+    assert stored.status_code == 201
+    before = await log_size(engine)
+    for target in (
+        "/v1/owners?user_id=%FE",
+        "/v1/owners?user_id=%ED%A0%80",  # a surrogate, encoded
+    ):
+        response = await http.request("DELETE", target, headers=ADMIN)
+        assert response.status_code == 400, (target, response.text)
+        assert response.json() == {
+            "error": "invalid_input",
+            "detail": "the query string is not UTF-8 once percent-decoded",
+        }
+    read = await http.get("/v1/history?user_id=%FF", headers=ADMIN)
+    assert read.status_code == 400
+    assert await log_size(engine) == before
+    history = await http.get("/v1/history", params={"user_id": "\ufffd"}, headers=ADMIN)
+    assert [m["content"] for m in history.json()] == ["kept"]
+
+
+async def test_whole_numbers_the_converter_would_refuse_get_the_digits_message(
+    http: httpx.AsyncClient,
+) -> None:
+    for written in ("05", "+5", "007", "-05", "5_0"):
+        response = await http.get(
+            "/v1/history", params={"user_id": "alice", "limit": written}, headers=ALICE
+        )
+        assert response.status_code == 400, written
+        assert response.json()["detail"].startswith(
+            "Expected a whole number written in digits (such as 10)"
+        ), (written, response.text)
+    assert (
+        await http.get("/v1/history", params={"user_id": "alice", "limit": "5"}, headers=ALICE)
+    ).status_code == 200
+
+
 async def test_retrieve_types_are_strict(http: httpx.AsyncClient) -> None:
     response = await http.post(
         "/v1/retrieve", json={"user_id": "alice", "query": "x", "top_k": "10"}, headers=ALICE
