@@ -7,10 +7,11 @@ Validation happens before anything is appended: a bad record raises
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -33,6 +34,9 @@ from prme.schemas.records import (
     NodeSuperseded,
     OwnerErased,
     Record,
+    has_only_text,
+    has_visible_text,
+    message_text,
 )
 from prme.schemas.sealing import DataKey
 
@@ -129,13 +133,17 @@ def check_id(value: object, field: str, what: str | None = None) -> None:
 def check_content(
     content: Any, tool_calls: Sequence[Any] = (), at: str = " - at $.content"
 ) -> None:
-    """InvalidInput if ``content`` is empty or whitespace only (a memory with no text is
-    never retrieved), unless the message carries ``tool_calls`` (an assistant turn that only
-    calls tools has empty content). ``at`` ends the message (msgspec adds its own path)."""
-    empty = not content or (isinstance(content, str) and not content.strip())
-    if empty and not tool_calls:
+    """InvalidInput if ``content`` shows nothing: empty, or text (blocks) of whitespace,
+    control and invisible characters only (a memory with no text is never retrieved), unless
+    the message carries ``tool_calls`` (an assistant turn that only calls tools has empty
+    content) or a block of another type than text (an image). ``at`` ends the message
+    (msgspec adds its own path)."""
+    if tool_calls or (content and not has_only_text(content)):
+        return
+    if not content or not has_visible_text(message_text(content)):
         raise InvalidInput(
-            f"content must not be empty or whitespace only unless the message has tool_calls{at}"
+            "content must have a visible character (not only whitespace, control or "
+            f"invisible characters) unless the message has tool_calls{at}"
         )
 
 
@@ -173,24 +181,47 @@ covers every number."""
 
 
 def check_numbers(value: Any, path: str) -> None:
-    """InvalidInput naming the first number under ``value`` outside :data:`NUMBER_RANGE`."""
+    """InvalidInput naming the first number under ``value`` that is not finite or lies
+    outside :data:`NUMBER_RANGE`."""
+    low, high = NUMBER_RANGE
+    for number, where in _numbers(value, path):
+        _check_finite(number, where)
+        if not low <= number <= high:
+            raise InvalidInput(
+                f"number {number!r} is outside the storable range -2**63 to 2**64-1 - at {where}"
+            )
+
+
+def check_finite_numbers(value: Any, path: str) -> None:
+    """InvalidInput naming the first float under ``value`` that is NaN or an infinity: JSON
+    has neither, and an encoder would write ``null`` in its place (a client checks its
+    request so, instead of sending another one)."""
+    for number, where in _numbers(value, path):
+        _check_finite(number, where)
+
+
+def _check_finite(number: float, where: str) -> None:
+    if isinstance(number, float) and not math.isfinite(number):
+        raise InvalidInput(
+            f"number {number!r} is not finite (JSON has no NaN or Infinity) - at {where}"
+        )
+
+
+def _numbers(value: Any, path: str) -> Iterator[tuple[float, str]]:
+    """Every number under ``value`` (free-form JSON: dicts, lists, tuples), with where."""
     if value is None or isinstance(value, str) or (type(value) in (dict, list) and not value):
         return  # the usual content, metadata and fields: nothing to walk
-    low, high = NUMBER_RANGE
     stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
         item, where = stack.pop()
         if isinstance(item, bool):
             continue
         if isinstance(item, int | float):
-            if not low <= item <= high:
-                raise InvalidInput(
-                    f"number {item!r} is outside the storable range -2**63 to 2**64-1 - at {where}"
-                )
+            yield item, where
         elif isinstance(item, dict):
-            stack.extend((v, f"{where}.{k}") for k, v in item.items())
+            stack.extend((v, f"{where}.{k}") for k, v in reversed(item.items()))
         elif isinstance(item, list | tuple):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
 
 
 def check_supersede(node_id: str, by_node_id: str) -> None:

@@ -14,7 +14,12 @@ import httpx
 import msgspec
 
 from prme.producers.partitioner import Partitioner
-from prme.producers.producer import ADDITION_MISMATCH, REPLACEMENT_MISMATCH, MessageDraft
+from prme.producers.producer import (
+    ADDITION_MISMATCH,
+    REPLACEMENT_MISMATCH,
+    MessageDraft,
+    check_finite_numbers,
+)
 from prme.producers.transport import Position
 from prme.schemas.errors import InvalidInput, PRMEError, TransportError
 from prme.schemas.records import Message
@@ -209,6 +214,8 @@ class HttpMemoryBackend(MemoryBackend):
         params: dict[str, Any] | None = None,
         owner: str | None = None,
     ) -> T:
+        if json is not None:
+            check_finite_numbers(msgspec.to_builtins(json), "$")
         try:
             content = None if json is None else self._encoder.encode(json)
         except (TypeError, ValueError, OverflowError) as error:

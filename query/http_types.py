@@ -5,6 +5,7 @@ declared here once."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
@@ -68,6 +69,8 @@ NameField = Annotated[str, msgspec.Meta(min_length=1)]
 producer's ``check_names`` holds in-process writes to the same rule)."""
 QueryText = Annotated[str, msgspec.Meta(min_length=1, pattern=TEXT_PATTERN)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
+FiniteFloat = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+"""A float that is not NaN or an infinity (in-process a caller can pass either)."""
 MAX_TOP_K = 1000
 """The most results one retrieve returns (each channel gathers at least this many
 candidates, so the bound keeps one request from allocating without limit)."""
@@ -130,7 +133,8 @@ class HistoryMessageIn(Body, frozen=True, kw_only=True):
     """A message of a chat history (owner, session and scope come from the request)."""
 
     content: str | list[dict[str, Any]]
-    """Text or content blocks; not empty or whitespace only unless ``tool_calls`` is given."""
+    """Text or content blocks that show something (``check_content``) unless ``tool_calls``
+    is given."""
     role: Role = "user"
     name: NameField | None = None
     tool_call_id: NameField | None = None
@@ -235,7 +239,7 @@ class RetrieveRequest(Body, frozen=True, kw_only=True):
     scope: IdField | None = None
     top_k: TopK = 10
     token_budget: Positive = 4096
-    min_score: float | None = None
+    min_score: FiniteFloat | None = None
     after: Position | None = None
     """A consistency token from a write: wait until it is applied before reading."""
     include_archived: bool = False

@@ -12,8 +12,9 @@ from litestar.openapi.spec.enums import OpenAPIType
 from litestar.typing import FieldDefinition
 
 from prme.producers.producer import NUMBER_RANGE
+from prme.schemas.records import VISIBLE_TEXT_PATTERN
 
-from .http_types import TEXT_PATTERN, Body, ErrorBody, HistoryMessageIn
+from .http_types import Body, ErrorBody, HistoryMessageIn
 
 ERROR_DESCRIPTIONS: dict[int, str] = {
     400: "invalid_input: malformed JSON, a missing or unknown field or query parameter, a wrong "
@@ -83,8 +84,9 @@ def json_value_schema(schema_creator: SchemaCreator) -> Reference:
 
 class StrictBodySchemaPlugin(StructSchemaPlugin):
     """Request bodies in the OpenAPI document as the service decodes them: unknown fields
-    are refused (``additionalProperties: false``), and a message's content is not empty
-    unless it carries tool calls (the rule ``check_content`` applies)."""
+    are refused (``additionalProperties: false``), and a message's content shows something
+    (visible text, or a block of another type) unless it carries tool calls (the rule
+    ``check_content`` applies)."""
 
     def is_plugin_supported_field(self, field_definition: FieldDefinition) -> bool:
         return not field_definition.is_union and field_definition.is_subclass_of(Body)
@@ -107,8 +109,21 @@ class StrictBodySchemaPlugin(StructSchemaPlugin):
             properties["tool_calls"] = Schema(type=OpenAPIType.ARRAY, items=value_object)
             properties["metadata"] = properties["fields"] = value_object
             schema.properties = properties
-            text = Schema(type=OpenAPIType.STRING, min_length=1, pattern=TEXT_PATTERN)
-            blocks = Schema(type=OpenAPIType.ARRAY, min_items=1)
+            text = Schema(type=OpenAPIType.STRING, min_length=1, pattern=VISIBLE_TEXT_PATTERN)
+            shown_block = Schema(
+                type=OpenAPIType.OBJECT,
+                any_of=[
+                    Schema(  # an image, a file: no text needed
+                        required=["type"],
+                        properties={"type": Schema(schema_not=Schema(enum=[None, "text"]))},
+                    ),
+                    Schema(
+                        required=["type", "text"],
+                        properties={"type": Schema(const="text"), "text": text},
+                    ),
+                ],
+            )
+            blocks = Schema(type=OpenAPIType.ARRAY, min_items=1, contains=shown_block)
             calls = Schema(type=OpenAPIType.ARRAY, min_items=1)
             schema.any_of = [
                 Schema(properties={"content": Schema(one_of=[text, blocks])}),

@@ -19,6 +19,7 @@ from prme.projectors.shard import Shard
 from prme.schemas.config import QuerySettings, Settings
 from prme.schemas.errors import ShardUnavailable
 from prme.schemas.metrics import Metrics, Stopwatch
+from prme.schemas.records import has_visible_text
 
 from .analysis import QueryAnalysis, analyse, speaker_factor
 from .bundle import pack
@@ -372,7 +373,7 @@ class Retriever:
             nodes.update(read_nodes)
             for node_id, score in chunk:
                 node = nodes.get(node_id)
-                if node is not None and not node.text.strip():
+                if node is not None and not has_visible_text(node.text):
                     continue  # no text to recall (an image-only or tool-call-only message)
                 if min_score is None or _passes(fusion, min_score, score, cosines.get(node_id)):
                     head.append((node_id, score))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 
@@ -135,4 +136,10 @@ def patterns_in_words(message: str, words: Mapping[str, str]) -> str:
     '<pattern>'`` of a pattern in ``words`` replaced by what the pattern means."""
     for pattern, meaning in words.items():
         message = message.replace(f"Expected `str` matching regex {pattern!r}", meaning)
+    for bound in (f">= {-sys.float_info.max!r}", f"<= {sys.float_info.max!r}"):
+        message = message.replace(f"Expected `float` {bound}", NOT_FINITE)
     return message
+
+
+NOT_FINITE = "Expected a finite number (not NaN or an infinity)"
+"""What a float bounded by the largest floats (``FiniteFloat``) means, for error messages."""

@@ -7,6 +7,7 @@ Every record carries the envelope fields; ``kind`` is the msgspec tag. Control k
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -182,6 +183,29 @@ def kind_of(record: Record) -> str:
 def memory_node_id(event_id: str) -> str:
     """The id of the memory node a message event derives (deterministic, so replay agrees)."""
     return f"mem:{event_id}"
+
+
+VISIBLE_TEXT_PATTERN = rf"[^\s{UNSEEN_CHARACTERS}]"
+"""Text that shows something (a search: somewhere a character that is not whitespace,
+control or invisible)."""
+_VISIBLE = re.compile(VISIBLE_TEXT_PATTERN)
+
+
+def has_visible_text(text: str) -> bool:
+    """``text`` has a character that shows: not whitespace, and not one of
+    :data:`UNSEEN_CHARACTERS` (control characters, zero-width and other invisible ones)."""
+    return _VISIBLE.search(text) is not None
+
+
+def has_only_text(content: str | list[ContentBlock]) -> bool:
+    """``content`` is text alone: a string, or blocks none of which is of another type
+    (an image, a file: a message may be one of those without any text)."""
+    if isinstance(content, str):
+        return True
+    return all(
+        isinstance(block, str) or not isinstance(block, dict) or block.get("type") in (None, "text")
+        for block in content
+    )
 
 
 def message_text(content: str | list[ContentBlock]) -> str:

@@ -6,6 +6,8 @@ the same results and raise the same exceptions."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from prme.producers.producer import MessageDraft
@@ -52,6 +54,25 @@ class MemoryBackendContract:
             await backend.retrieve("cat", "alice", token_budget=None)  # type: ignore[arg-type]
         with pytest.raises(InvalidInput, match="max_query_bytes"):
             await backend.retrieve("cat " * 5000, "alice")
+
+    async def test_nan_and_infinities_are_invalid_input_and_write_nothing(
+        self, backend: MemoryBackend
+    ) -> None:
+        """JSON has no NaN or Infinity: over HTTP the encoder wrote ``null`` in their place,
+        so a floor of ``inf`` was no floor at all and metadata stored ``None``."""
+        stored = await backend.store("the coffee here is strong", "alice")
+        for floor in (math.inf, -math.inf, math.nan):
+            with pytest.raises(InvalidInput, match=r"finite.*min_score"):
+                await backend.retrieve("coffee", "alice", min_score=floor, after=stored.token)
+        for metadata in ({"x": math.inf}, {"y": [1.5, {"z": math.nan}]}):
+            with pytest.raises(InvalidInput, match=r"not finite .* - at \$\.metadata\."):
+                await backend.store("a measurement", "alice", metadata=metadata)
+        with pytest.raises(InvalidInput, match="not finite"):
+            await backend.store_many(
+                [MessageDraft(owner="alice", content="m", metadata={"w": -math.inf})]
+            )
+        found = await backend.retrieve("measurement coffee m", "alice", min_score=-1.0)
+        assert [r.text for r in found.results] == ["the coffee here is strong"]
 
     async def test_bad_owner_session_scope_and_event_ids_are_invalid_input(
         self, backend: MemoryBackend

@@ -268,9 +268,19 @@ def test_a_model_moved_aside_by_a_killed_swap_goes_back_in_place(tmp_path: Path)
 @pytest.mark.parametrize(
     ("body", "named"),
     [
-        ({"user_id": "alice", "content": ""}, "content must not be empty"),
-        ({"user_id": "alice", "content": "  \n\t "}, "content must not be empty"),
-        ({"user_id": "alice", "content": []}, "content must not be empty"),
+        ({"user_id": "alice", "content": ""}, "content must have a visible character"),
+        ({"user_id": "alice", "content": "  \n\t "}, "content must have a visible character"),
+        ({"user_id": "alice", "content": []}, "content must have a visible character"),
+        # Invisible or control characters alone: they came back as results, and into bundles.
+        ({"user_id": "alice", "content": "\u200b"}, "content must have a visible character"),
+        ({"user_id": "alice", "content": "\x00"}, "content must have a visible character"),
+        ({"user_id": "alice", "content": "\ufeff\u200d\u2060 "}, "content must have a visible"),
+        ({"user_id": "alice", "content": [{}]}, "content must have a visible character"),
+        ({"user_id": "alice", "content": [{"type": "text"}]}, "content must have a visible"),
+        (
+            {"user_id": "alice", "content": [{"type": "text", "text": "\u200b"}]},
+            "content must have a visible character",
+        ),
         ({"user_id": "a\x00b", "content": "x"}, "$.user_id"),
         ({"user_id": "", "content": "x"}, "$.user_id"),
         ({"user_id": "alice", "content": "x", "session_id": ""}, "$.session_id"),
@@ -289,10 +299,22 @@ async def test_bad_store_values_are_400_naming_the_field_and_write_nothing(
 
 async def test_empty_content_is_refused_by_the_engine_too(engine: MemoryEngine) -> None:
     before = await log_size(engine)
-    for content in ("", "   "):
-        with pytest.raises(InvalidInput, match="content"):
-            await engine.store(content, "alice")
+    for content in ("", "   ", "\u200b\x00", [{"type": "text", "text": "\u2060"}]):
+        with pytest.raises(InvalidInput, match="content must have a visible character"):
+            await engine.store(content, "alice")  # type: ignore[arg-type]
     assert await log_size(engine) == before
+
+
+async def test_content_that_shows_something_is_stored(
+    http: httpx.AsyncClient, engine: MemoryEngine
+) -> None:
+    """An image block needs no text; visible text between control characters counts."""
+    image = [{"type": "image_url", "image_url": {"url": "https://example.org/cat.png"}}]
+    for content in (image, "\x1b[31mred\x1b[0m", [{"type": "text", "text": "\u200bhi"}]):
+        response = await http.post(
+            "/v1/memories", json={"user_id": "alice", "content": content}, headers=ADMIN
+        )
+        assert response.status_code == 201, (content, response.text)
 
 
 @pytest.mark.parametrize(
