@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
+from datetime import datetime
 
 import msgspec
 
@@ -237,13 +238,19 @@ class QueryAnalysis(msgspec.Struct, frozen=True, kw_only=True):
     time_cue: str | None = None
     """The phrase asking for a time (``temporal_cues`` on), else ``None``."""
     dates: list[DateSpan] = []
-    """The spans the query names (``date_match`` on)."""
+    """The spans the query names (``date_match`` on), relative ones included."""
     stages: dict[str, bool]
     """Each stage and whether it was on."""
 
 
-def analyse(query: str, settings: QuerySettings, speakers: Collection[str] = ()) -> QueryAnalysis:
-    """The analysis of ``query``; ``speakers`` are the owner's known speakers."""
+def analyse(
+    query: str,
+    settings: QuerySettings,
+    speakers: Collection[str] = (),
+    now: datetime | None = None,
+) -> QueryAnalysis:
+    """The analysis of ``query``; ``speakers`` are the owner's known speakers, ``now`` the
+    time it is asked at (dates relative to it: "yesterday", "last week")."""
     lexical_query = strip_stopwords(query) if settings.strip_stopwords else query
     named = named_speakers(query, speakers)
     vector_query = strip_names(query, named) if settings.strip_speakers else query
@@ -255,7 +262,7 @@ def analyse(query: str, settings: QuerySettings, speakers: Collection[str] = ())
         vector_query=vector_query,
         entities=extract_entities(query),
         time_cue=time_cue(query) if settings.temporal_cues else None,
-        dates=date_mentions(query) if settings.date_match else [],
+        dates=date_mentions(query, now) if settings.date_match else [],
         speakers=named if settings.speaker_match else [],
         stages={
             "strip_stopwords": settings.strip_stopwords,

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 import uuid_utils
@@ -69,7 +69,8 @@ class Retriever:
         fusion = fusion or self._settings.scoring.fusion
         shard = await self._runner.shard_for(owner)
         clock = self._metrics.stopwatch({"prme.partition": shard.partition, "prme.fusion": fusion})
-        analysis = analyse(query, self._settings.query, await self._speakers(shard, owner))
+        speakers = await self._speakers(shard, owner)
+        analysis = analyse(query, self._settings.query, speakers, datetime.now(UTC))
         limit = max(self._settings.scoring.candidates, top_k)
         channels, reports, query_vector, embed_query_used = await self._candidates(
             shard, query, analysis, owner, scope, limit, include_archived, clock
@@ -326,7 +327,9 @@ class Retriever:
             node = nodes.get(node_id)
             if node is None:
                 continue
-            factor = time_factor(analysis, node.text, node.occurred_at, settings)
+            factor = time_factor(
+                analysis, node.text, node.occurred_at or node.recorded_at, settings
+            )
             factor *= speaker_factor(analysis, node.speaker, settings)
             if factor != 1.0:
                 boosts[node_id] = factor
@@ -444,7 +447,8 @@ def time_factor(
     analysis: QueryAnalysis, text: str, occurred_at: datetime | None, settings: QuerySettings
 ) -> float:
     """``1 + time_boost`` when the query asks for a time and ``text`` states one, times
-    ``1 + date_boost`` when ``occurred_at`` falls in a span the query names."""
+    ``1 + date_boost`` when ``occurred_at`` falls in a span the query names (a caller
+    passes a memory's ``recorded_at`` when it has no ``occurred_at``)."""
     factor = 1.0
     if analysis.time_cue and has_time_expression(text):
         factor *= 1.0 + settings.time_boost

@@ -3,16 +3,20 @@
 - :func:`time_cue`: the phrase that makes a question ask for a time ("when", "how long",
   "what year" ...), or ``None``.
 - :func:`date_mentions`: the calendar spans a query names ("8 May 2023", "May 2023",
-  "in 2022"), as half-open UTC intervals.
+  "in 2022"), as half-open UTC intervals; given the time of the query, also those it names
+  relative to it ("yesterday", "last week", "3 days ago").
 - :func:`has_time_expression`: whether a memory's text states a time ("yesterday",
   "last week", "in June", "2019", "3 years ago" ...).
 
-Pure functions over text: no clock, no locale, no state.
+Pure functions over text: no clock (a caller passes the time a query is asked at), no
+locale, no state.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -39,6 +43,32 @@ _DATE_PATTERNS: Final = [
     re.compile(rf"\b{_MONTH},?\s+{_YEAR}\b", re.IGNORECASE),
     re.compile(rf"\b(?<![/\d]){_YEAR}(?![/\d])\b", re.IGNORECASE),
 ]
+_COUNT_WORDS: Final = {
+    "a": 1,
+    "an": 1,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+}
+_RELATIVE_PATTERNS: Final = [
+    re.compile(r"\b(?P<day>the\s+day\s+before\s+yesterday|yesterday|today|tonight)\b", re.I),
+    re.compile(r"\b(?P<which>this|last)\s+(?P<unit>weekend|week|month|year)\b(?!\s+of\b)", re.I),
+    re.compile(r"\b(?:the\s+)?past\s+(?P<past>week|month|year)\b", re.I),
+    re.compile(
+        rf"\b(?P<count>\d{{1,3}}|{'|'.join(_COUNT_WORDS)})\s+(?P<units>day|week|month|year)s?"
+        r"\s+ago\b",
+        re.I,
+    ),
+]
+_PAST_DAYS: Final = {"week": 7, "month": 30, "year": 365}
+
 _WORDS_OF_TIME: Final = (
     r"yesterday|today|tonight|tomorrow|weekend|weekends|morning|evening|afternoon|"
     r"ago|recently|lately|since|last|next|earlier|later|week|weeks|month|months|year|years|"
@@ -76,20 +106,73 @@ def has_time_expression(text: str) -> bool:
     return _TIME_EXPRESSION.search(text) is not None
 
 
-def date_mentions(query: str) -> list[DateSpan]:
-    """The spans a query names, most specific first; overlapping weaker mentions are dropped."""
+def date_mentions(query: str, now: datetime | None = None) -> list[DateSpan]:
+    """The spans a query names, most specific first; overlapping weaker mentions are dropped.
+    With ``now`` (the time the query is asked at), the spans it names relative to that
+    too, in UTC days: "today", "yesterday", "the day before yesterday", "this/last week"
+    (Monday to Sunday), "this/last weekend", "this/last month", "this/last year", "the past
+    week/month/year" (the last 7, 30 or 365 days and today), "N days/weeks/months/years
+    ago" (that day; the week, month or year it falls in)."""
     spans: list[DateSpan] = []
     taken: list[tuple[int, int]] = []
-    for pattern in _DATE_PATTERNS:
+    readers: list[tuple[re.Pattern[str], Callable[[re.Match[str]], DateSpan | None]]] = [
+        (pattern, _span) for pattern in _DATE_PATTERNS
+    ]
+    if now is not None:
+        moment = now.astimezone(UTC) if now.tzinfo else now.replace(tzinfo=UTC)
+        today = datetime(moment.year, moment.month, moment.day, tzinfo=UTC)
+        relative = functools.partial(_relative_span, today=today)
+        readers += [(pattern, relative) for pattern in _RELATIVE_PATTERNS]
+    for pattern, span_of in readers:
         for found in pattern.finditer(query):
             where = found.span()
             if any(where[0] < end and start < where[1] for start, end in taken):
                 continue
-            span = _span(found)
+            span = span_of(found)
             if span is not None:
                 spans.append(span)
                 taken.append(where)
     return spans
+
+
+def _relative_span(found: re.Match[str], today: datetime) -> DateSpan | None:
+    """The span ``found`` (one of :data:`_RELATIVE_PATTERNS`) names, ``today`` being the
+    start of the query's UTC day."""
+    parts = {name: value.lower() for name, value in found.groupdict().items() if value}
+    day = timedelta(days=1)
+    if "day" in parts:
+        back = {"today": 0, "tonight": 0, "yesterday": 1}.get(parts["day"], 2)
+        start, end = today - back * day, today - (back - 1) * day
+    elif "past" in parts:
+        start, end = today - _PAST_DAYS[parts["past"]] * day, today + day
+    elif "which" in parts:
+        back = 1 if parts["which"] == "last" else 0
+        start, end = _unit_span(parts["unit"], today, back)
+    else:
+        count = int(parts["count"]) if parts["count"].isdigit() else _COUNT_WORDS[parts["count"]]
+        unit = parts["units"]
+        if unit == "day":
+            start, end = today - count * day, today - (count - 1) * day
+        else:
+            start, end = _unit_span(unit, today, count)
+    return DateSpan(text=found.group(0), start=start, end=end)
+
+
+def _unit_span(unit: str, today: datetime, back: int) -> tuple[datetime, datetime]:
+    """The calendar week (Monday on), weekend, month or year ``back`` of them before the
+    one holding ``today``."""
+    if unit in ("week", "weekend"):
+        monday = today - timedelta(days=today.weekday() + 7 * back)
+        if unit == "weekend":
+            return monday + timedelta(days=5), monday + timedelta(days=7)
+        return monday, monday + timedelta(days=7)
+    if unit == "month":
+        index = today.year * 12 + today.month - 1 - back
+        start = datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC)
+        following = index + 1
+        return start, datetime(following // 12, following % 12 + 1, 1, tzinfo=UTC)
+    year = today.year - back
+    return datetime(year, 1, 1, tzinfo=UTC), datetime(year + 1, 1, 1, tzinfo=UTC)
 
 
 def _span(found: re.Match[str]) -> DateSpan | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -136,6 +137,29 @@ async def test_superseded_memory_gives_way_to_its_replacement(engine: MemoryEngi
     assert texts(await engine.retrieve("Aurora launch", "alice")) == [
         "The Aurora launch moved to Monday."
     ]
+
+
+async def test_a_question_about_yesterday_prefers_what_happened_yesterday(
+    engine: MemoryEngine,
+) -> None:
+    """Dates relative to the time asked are read too; a memory stored without occurred_at
+    is dated by when it was recorded."""
+    now = datetime.now(UTC)
+    yesterday = await engine.store(
+        "I went hiking with Ana.", "alice", occurred_at=now - timedelta(days=1)
+    )
+    weeks_ago = await engine.store(
+        "I went hiking with Ana.", "alice", occurred_at=now - timedelta(days=30)
+    )
+    response = await engine.retrieve("Where did I go hiking yesterday?", "alice")
+    assert [r.event_id for r in response.results] == [yesterday.event_id, weeks_ago.event_id]
+    assert [d["text"] for d in response.receipt.analysis["dates"]] == ["yesterday"]
+    assert set(response.receipt.analysis["boosts"]) == set(yesterday.node_ids)
+    recorded_now = await engine.store("I went hiking with Ana.", "alice")
+    today = await engine.retrieve("Where did I go hiking today?", "alice")
+    assert today.results[0].event_id == recorded_now.event_id
+    assert set(today.receipt.analysis["boosts"]) >= set(recorded_now.node_ids)
+    assert not set(today.receipt.analysis["boosts"]) & set(weeks_ago.node_ids)
 
 
 async def test_another_owners_event_or_node_is_as_good_as_unknown(engine: MemoryEngine) -> None:

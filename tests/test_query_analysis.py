@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -66,6 +66,43 @@ def test_date_mentions_handle_month_first_and_december() -> None:
 def test_date_mentions_ignore_numbers_that_are_not_dates_and_impossible_days() -> None:
     assert date_mentions("She ran 2500 metres and scored 12/2023") == []
     assert [span.text for span in date_mentions("31 February 2023")] == ["February 2023"]
+
+
+MONDAY = datetime(2026, 12, 7, 15, 30, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("query", "span"),
+    [
+        ("What did I say yesterday?", ("yesterday", "2026-12-06", "2026-12-07")),
+        ("what did we do today", ("today", "2026-12-07", "2026-12-08")),
+        ("and the day before yesterday?", ("the day before yesterday", "2026-12-05", "2026-12-06")),
+        ("my plans for last week", ("last week", "2026-11-30", "2026-12-07")),
+        ("what is on this week", ("this week", "2026-12-07", "2026-12-14")),
+        ("what did I do last weekend", ("last weekend", "2026-12-05", "2026-12-07")),
+        ("anything from last month?", ("last month", "2026-11-01", "2026-12-01")),
+        ("goals for this year", ("this year", "2026-01-01", "2027-01-01")),
+        ("what did I read in the past week", ("the past week", "2026-11-30", "2026-12-08")),
+        ("who called 3 days ago", ("3 days ago", "2026-12-04", "2026-12-05")),
+        ("the trip two weeks ago", ("two weeks ago", "2026-11-23", "2026-11-30")),
+        ("a month ago I moved", ("a month ago", "2026-11-01", "2026-12-01")),
+        ("14 months ago", ("14 months ago", "2025-10-01", "2025-11-01")),
+        ("Last Year", ("Last Year", "2025-01-01", "2026-01-01")),
+    ],
+)
+def test_date_mentions_relative_to_the_time_asked(query: str, span: tuple[str, ...]) -> None:
+    (found,) = date_mentions(query, MONDAY)
+    assert (found.text, found.start.date().isoformat(), found.end.date().isoformat()) == span
+
+
+def test_relative_mentions_need_the_time_asked_and_yield_to_calendar_dates() -> None:
+    assert date_mentions("What did I say yesterday?") == []
+    spans = date_mentions("the last week of May 2023, and today", MONDAY)
+    assert [s.text for s in spans] == ["May 2023", "today"]
+    # A time zone is read in UTC: 23:30 on Sunday at UTC-2 is Monday 01:30 UTC.
+    sunday_evening = datetime(2026, 12, 6, 23, 30, tzinfo=timezone(timedelta(hours=-2)))
+    (today,) = date_mentions("today", sunday_evening)
+    assert today.start == datetime(2026, 12, 7, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
