@@ -211,17 +211,34 @@ def _numbers(value: Any, path: str) -> Iterator[tuple[float, str]]:
     """Every number under ``value`` (free-form JSON: dicts, lists, tuples), with where."""
     if value is None or isinstance(value, str) or (type(value) in (dict, list) and not value):
         return  # the usual content, metadata and fields: nothing to walk
+    for item, where in _leaves(value, path):
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            yield item, where
+
+
+def _leaves(value: Any, path: str) -> Iterator[tuple[Any, str]]:
+    """Every value under ``value`` that is not a dict, list or tuple, with where, in order."""
     stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
         item, where = stack.pop()
-        if isinstance(item, bool):
-            continue
-        if isinstance(item, int | float):
-            yield item, where
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             stack.extend((v, f"{where}.{k}") for k, v in reversed(item.items()))
         elif isinstance(item, list | tuple):
             stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+        else:
+            yield item, where
+
+
+def _unencodable_at(fields: dict[str, Any]) -> str:
+    """`` - at <path>`` of the first text in ``fields`` that is not UTF-8 (a lone
+    surrogate), or ``""``."""
+    for item, where in _leaves(fields, "$"):
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return f" - at {where}"
+    return ""
 
 
 def check_supersede(node_id: str, by_node_id: str) -> None:
@@ -567,7 +584,8 @@ def _convert(fields: dict[str, Any], record_type: type[Record]) -> tuple[Any, by
     except msgspec.ValidationError as error:
         raise InvalidInput(patterns_in_words(str(error), PATTERN_WORDS)) from error
     except (TypeError, ValueError, OverflowError) as error:
-        raise InvalidInput(f"value cannot be stored: {error}") from error
+        at = _unencodable_at(fields) if isinstance(error, UnicodeEncodeError) else ""
+        raise InvalidInput(f"value cannot be stored: {error}{at}") from error
     return record, encoded
 
 

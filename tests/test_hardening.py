@@ -305,6 +305,15 @@ async def test_empty_content_is_refused_by_the_engine_too(engine: MemoryEngine) 
     assert await log_size(engine) == before
 
 
+async def test_a_lone_surrogate_is_refused_naming_where_it_is(engine: MemoryEngine) -> None:
+    before = await log_size(engine)
+    with pytest.raises(InvalidInput, match=r"surrogates not allowed - at \$\.content$"):
+        await engine.store("a\ud800b", "alice")
+    with pytest.raises(InvalidInput, match=r"- at \$\.metadata"):
+        await engine.store("fine", "alice", metadata={"k": ["x", "\udc00"]})
+    assert await log_size(engine) == before
+
+
 async def test_content_that_shows_something_is_stored(
     http: httpx.AsyncClient, engine: MemoryEngine
 ) -> None:
