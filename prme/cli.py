@@ -89,11 +89,17 @@ def _opened(path: str) -> BinaryIO:
 def _require_log(settings: Settings) -> None:
     """An embedded log is read only where one exists (a typo in ``--data-dir`` is an
     error, not an empty answer and a new directory)."""
-    from prme.producers.factory import LOCAL_LOG_FILE
     from prme.schemas.errors import ConfigurationError
 
-    if settings.log.transport == "local" and not (settings.data_path / LOCAL_LOG_FILE).exists():
+    if not _has_log(settings):
         raise ConfigurationError(f"no PRME log in {settings.data_dir}")
+
+
+def _has_log(settings: Settings) -> bool:
+    """The log exists: Kafka's is the broker's to say; the embedded one is a file."""
+    from prme.producers.factory import LOCAL_LOG_FILE
+
+    return settings.log.transport != "local" or (settings.data_path / LOCAL_LOG_FILE).exists()
 
 
 def _require_shards(settings: Settings) -> None:
@@ -184,6 +190,8 @@ async def _ingest(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     total = None if args.file == "-" else sum(1 for _ in _read_lines(args.file))
+    if not args.quiet and not _has_log(settings):  # a typo in --data-dir starts a new pack
+        print(f"prme ingest: no PRME log in {settings.data_dir}: creating one", file=sys.stderr)
     # Large inputs are built in a worker process while this one sends (forked before the
     # transport starts any thread); a small file is not worth the process.
     large = total is None or total > 2 * BUILD_CHUNK

@@ -682,7 +682,7 @@ class MemoryEngine(MemoryBackend):
         """Refuse a node that is not one of ``user_id``'s (NotFound, also for another
         owner's: see :meth:`get_event`); its state otherwise."""
         if not node_id.startswith("mem:"):
-            raise NotFound(f"no memory node {node_id!r}")
+            raise NotFound(f"no node {node_id} for owner {user_id}")
         try:
             await self.get_event(node_id.removeprefix("mem:"), user_id)
         except NotFound:

@@ -248,8 +248,9 @@ class MemoryBackendContract:
         self, backend: MemoryBackend
     ) -> None:
         unknown = f"mem:{UNKNOWN_EVENT}"
-        with pytest.raises(NotFound):
-            await backend.archive(unknown, "alice")
+        for node_id in (unknown, "nope"):  # one wording, whatever the id looks like
+            with pytest.raises(NotFound, match=f"^no node {node_id} for owner alice"):
+                await backend.archive(node_id, "alice")
         with pytest.raises(NotFound):
             await backend.restore(unknown, "alice")
         bobs = await backend.store("bob keeps bees", "bob")

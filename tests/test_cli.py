@@ -187,6 +187,18 @@ def test_bad_settings_are_one_line_and_write_nothing(
     assert not data.exists()
 
 
+def test_ingest_into_a_directory_without_a_log_says_it_creates_one(tmp_path: Path) -> None:
+    """A typo in --data-dir started a new pack without a word (audit and erase say "no
+    PRME log in ..."); ingest still creates the pack, and now says so."""
+    source = write_jsonl(tmp_path / "in.jsonl", LINES)
+    pack = tmp_path / "pack"
+    first = prme("ingest", str(source), "--data-dir", str(pack))
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.startswith(f"prme ingest: no PRME log in {pack}: creating one\n")
+    again = prme("ingest", str(source), "--data-dir", str(pack))
+    assert again.returncode == 0 and "creating one" not in again.stderr
+
+
 def test_ingest_of_a_missing_file_or_a_directory_is_one_line(tmp_path: Path) -> None:
     data = ["--data-dir", str(tmp_path / "pack")]
     for path, reason in ((tmp_path / "nothing.jsonl", "No such file"), (tmp_path, "directory")):
