@@ -20,7 +20,13 @@ import uuid_utils
 
 from prme.schemas.codec import encode_record
 from prme.schemas.config import LimitsSettings
-from prme.schemas.errors import TOO_DEEP, InvalidInput, TransportError, patterns_in_words
+from prme.schemas.errors import (
+    TOO_DEEP,
+    InvalidInput,
+    ShardUnavailable,
+    TransportError,
+    patterns_in_words,
+)
 from prme.schemas.metrics import Metrics, transport_label
 from prme.schemas.records import (
     PATTERN_WORDS,
@@ -312,9 +318,12 @@ class Producer:
         limits: LimitsSettings | None = None,
         metrics: Metrics | None = None,
         keys: KeyStore | None = None,
+        refusal: Callable[[], str | None] | None = None,
     ) -> None:
-        """With ``keys``, records are sealed with their owner's data key on append."""
+        """With ``keys``, records are sealed with their owner's data key on append.
+        ``refusal`` says why nothing may be appended now (``ShardUnavailable``), or None."""
         self._transport = transport
+        self._refusal = refusal
         self._sealer = None if keys is None else RecordSealer(keys)
         self._gate = ErasureGate()
         self._limits = limits or LimitsSettings()
@@ -506,6 +515,8 @@ class Producer:
     async def _append(
         self, items: Sequence[LogItem], event_ids: Sequence[str], *, atomic: bool
     ) -> list[Position]:
+        if self._refusal is not None and (refusal := self._refusal()) is not None:
+            raise ShardUnavailable(f"this node appends nothing: {refusal}")
         started = time.perf_counter()
         attributes = {"prme.transport": self._label, "prme.event_ids": list(event_ids)}
         with self._metrics.tracing.span("prme.append", attributes) as span:

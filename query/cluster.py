@@ -23,7 +23,7 @@ import msgspec
 
 from prme.producers.transport import LogTransport
 from prme.projectors.runner import ProjectorRunner
-from prme.schemas.cluster import ClusterMap, static_map
+from prme.schemas.cluster import ClusterMap, other_topic_refusal, static_map
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
     ConsistencyTimeout,
@@ -164,6 +164,16 @@ class ClusterRouter:
         if refusal is None or cluster_map is None or cluster_map.owner(partition) != self.url:
             return None
         return NodeRefused(f"this node serves no partition: {refusal}")
+
+    def append_refusal(self) -> str | None:
+        """Why this node must append nothing: it reads another topic than its group's (a
+        member the group gave no partitions, or a serve-only node routing for a group of
+        another topic), so what it appended would never be served. None otherwise."""
+        cluster_map = self.cluster_map
+        topic = self.settings.log.topic
+        if cluster_map is None or not cluster_map.topic or cluster_map.topic == topic:
+            return None
+        return other_topic_refusal(topic, cluster_map)
 
     def partition_of(self, owner: str) -> int:
         return self.transport.partition_for(owner.encode("utf-8", "surrogatepass"))

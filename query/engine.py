@@ -110,7 +110,13 @@ class MemoryEngine(MemoryBackend):
         self.runner = runner
         self.metrics = runner.metrics
         keys = runner.keys if settings.log.seal_records else None
-        self._producer = Producer(transport, settings.limits, self.metrics, keys=keys)
+        self._producer = Producer(
+            transport,
+            settings.limits,
+            self.metrics,
+            keys=keys,
+            refusal=None if router is None else router.append_refusal,
+        )
         model_dir = default_model_dir(settings.models_path)
         self._retriever = Retriever(
             runner, settings, TokenCounter(model_dir / "tokenizer.json"), self.metrics

@@ -650,6 +650,22 @@ def test_a_node_reading_another_topic_gets_no_partitions_and_nobody_crashes(
                 assert view["topic"] == topic and view["other_topic"][0]["topic"] == other_topic
                 ready = stray.get("/v1/ready")
                 assert ready.status_code == 503 and other_topic in ready.json()["detail"]
+                # From a cluster trial: a batch of several owners, which a node appends
+                # itself, was answered 201 onto the stray's topic, where nothing serves it.
+                batch = {
+                    "messages": [
+                        {"user_id": "topic-a", "content": "kept off the other topic"},
+                        {"user_id": "topic-b", "content": "kept off the other topic"},
+                    ]
+                }
+                refused = stray.post("/v1/memories/batch", batch)
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"] == "shard_unavailable"
+                assert refused.json()["detail"].startswith(
+                    f"this node appends nothing: it reads the topic '{other_topic}'"
+                )
+                written = first.post("/v1/memories/batch", batch)
+                assert written.status_code == 201, written.text
                 status = first.status()
                 assert (
                     f"REFUSED {stray.url}: no partitions, it reads the topic '{other_topic}'"
