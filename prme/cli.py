@@ -548,6 +548,7 @@ def _project_command(args: argparse.Namespace) -> int:
         return subprocess.Popen(
             command + ([] if port is None else ["--metrics-port", str(port)]),
             env=lock.child_environment(),
+            pass_fds=lock.child_fds(),
         )
 
     try:

@@ -7,14 +7,25 @@ starts share their parent's directory (each projects other partitions): a proces
 a directory whose lock its parent holds when it was started with the lock's token in its
 environment (:meth:`DataDirLock.child_environment`), so any other child of the holder (a
 script it runs, an adapter's subprocess) is refused like any other process.
+
+Such a member must not outlive the holder: killed (``kill -9``), the holder's lock went
+with it while its members went on using the directory, and a second ``prme serve`` took
+the lock beside them (a cluster trial). So the members inherit the lock's descriptor
+(:meth:`DataDirLock.child_fds`; a flock belongs to the open file, so it stays held while
+any member lives) and the read end of a pipe only the holder can write to: a member sees
+its end of file when the holder is gone, however it ended, and stops (SIGTERM to itself,
+the clean stop).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import secrets
+import signal
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
@@ -25,6 +36,9 @@ from prme.schemas.errors import DataDirInUse
 LOCK_FILE = "prme.lock"
 TOKEN_ENV = "PRME_DATA_LOCK_TOKEN"
 """Set by the holder in the environment of the members it starts (and nowhere else)."""
+HOLDER_FD_ENV = "PRME_DATA_LOCK_HOLDER_FD"
+"""The descriptor, in a member, of the pipe whose end of file says the holder is gone."""
+_log = logging.getLogger("prme")
 
 
 class DataDirLock:
@@ -34,6 +48,8 @@ class DataDirLock:
         self.path = path
         self._fd = fd
         self._token = token
+        self._link: tuple[int, int] | None = None
+        """The pipe its members watch: (read end, write end), made for the first member."""
 
     @classmethod
     def acquire(cls, directory: Path) -> Self:
@@ -52,6 +68,7 @@ class DataDirLock:
             os.close(fd)
             token = os.environ.get(TOKEN_ENV, "")
             if holder is not None and holder[0] == os.getppid() and token == holder[2] != "":
+                _stop_with_holder(os.environ.pop(HOLDER_FD_ENV, None))
                 return cls(path, None, token)  # our parent's: it split the partitions among us
             who = f"pid {holder[0]} ({holder[1]})" if holder else "another process"
             raise DataDirInUse(
@@ -72,13 +89,51 @@ class DataDirLock:
 
     def child_environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with the token that lets a
-        process started with it open the directory under this lock."""
-        return {**(os.environ if base is None else base), TOKEN_ENV: self._token}
+        process started with it open the directory under this lock, and where it reads of
+        this process's end (start it with :meth:`child_fds` passed)."""
+        environment = {**(os.environ if base is None else base), TOKEN_ENV: self._token}
+        if self._fd is not None:
+            environment[HOLDER_FD_ENV] = str(self._holder_link()[0])
+        return environment
+
+    def child_fds(self) -> tuple[int, ...]:
+        """The descriptors a member inherits (``subprocess.Popen(pass_fds=...)``): the
+        lock's, which keeps it held while the member lives, and the read end of the pipe
+        whose end of file tells the member this process is gone."""
+        if self._fd is None:
+            return ()
+        return (self._fd, self._holder_link()[0])
+
+    def _holder_link(self) -> tuple[int, int]:
+        if self._link is None:
+            self._link = os.pipe()  # not inheritable: only passed, read end only
+        return self._link
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)  # closing drops the flock
+            os.close(fd)  # closing drops the flock (once no member holds it too)
+        link, self._link = self._link, None
+        for end in link or ():
+            os.close(end)
+
+
+def _stop_with_holder(fd: str | None) -> None:
+    """In a member: SIGTERM this process once the lock's holder is gone (the pipe's end of
+    file), from a daemon thread blocked on the read."""
+    if not fd or not fd.isdigit():
+        return
+
+    def watch() -> None:
+        try:
+            while os.read(int(fd), 1):
+                pass
+        except OSError:
+            pass
+        _log.error("the process holding the data directory's lock is gone: stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="prme-holder-watch", daemon=True).start()
 
 
 def _holder(fd: int) -> tuple[int, str, str] | None:

@@ -75,6 +75,7 @@ def _serve_children(
     shown = f"[{host}]" if ":" in host else host
     urls = [f"http://{shown}:{s.getsockname()[1]}" for s in own]
     env = lock.child_environment()
+    held = lock.child_fds()
     # Members forward to each other: a secret for this cluster of processes if none is set.
     env.setdefault("PRME_CLUSTER__SECRET", settings.cluster.secret or secrets.token_urlsafe(24))
     if settings.embedding.threads is None:  # N model sessions share the cores
@@ -87,7 +88,7 @@ def _serve_children(
         command += ["--advertised-url", url]
         if settings.log.transport == "local":
             command += ["--static-members", ",".join(urls)]
-        return subprocess.Popen(command, env=env, pass_fds=(public.fileno(), sock.fileno()))
+        return subprocess.Popen(command, env=env, pass_fds=(public.fileno(), sock.fileno(), *held))
 
     announced = f"prme serve: {processes} processes on http://{shown}:{port} ({', '.join(urls)})"
 

@@ -25,8 +25,10 @@ from prme import MemoryClient
 from prme.producers.factory import open_transport
 from prme.producers.partitioner import Partitioner
 from prme.producers.producer import MessageDraft, Producer
+from prme.query.data_lock import DataDirLock
 from prme.query.engine import MemoryEngine
 from prme.schemas.config import Settings
+from prme.schemas.errors import DataDirInUse
 
 from .cluster_harness import (
     ADMIN,
@@ -485,6 +487,65 @@ def test_processes_split_the_embedded_log_behind_one_port(tmp_path: Path) -> Non
         parent.terminate()
         parent.wait(timeout=60)
     assert parent.returncode == 0, log.read_text()
+
+
+def _running(pid: int) -> bool:
+    """``pid`` lives (a zombie nobody reaped has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_members_stop_when_their_processes_parent_is_killed(tmp_path: Path) -> None:
+    """Found by a cluster trial: ``kill -9`` of a ``prme serve --processes 2`` parent left
+    its members serving as orphans, and its lock went with it, so a second ``prme serve``
+    opened the directory beside them (a qdrant-edge WAL ``WouldBlock``). The members now
+    hold the lock too and stop when the parent is gone."""
+    pack, port = tmp_path / "pack", free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRME_")}
+    command = [sys.executable, "-m", "prme.cli", "serve", "--processes", "2"]
+    command += ["--data-dir", str(pack), "--port", str(port), "--log-level", "warning"]
+    log = tmp_path / "processes.log"
+    with open(log, "wb") as out:
+        parent = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    children = Path("/proc") / str(parent.pid) / "task" / str(parent.pid) / "children"
+    members: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert parent.poll() is None and time.monotonic() < deadline, log.read_text()
+            try:
+                view = httpx.get(f"http://127.0.0.1:{port}/v1/cluster", timeout=5).json()
+                if len(view["members"]) == 2 and all(
+                    httpx.get(m["url"] + "/v1/ready", timeout=5).status_code == 200
+                    for m in view["members"]
+                ):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)  # poll interval while the processes start
+        members += [int(pid) for pid in children.read_text().split()]
+        assert len(members) == 2
+        parent.kill()
+        parent.wait(timeout=30)
+        assert any(_running(pid) for pid in members)
+        with pytest.raises(DataDirInUse, match=f"pid {parent.pid} "):
+            DataDirLock.acquire(pack)  # the members hold it while they stop
+        deadline = time.monotonic() + 60
+        while any(_running(pid) for pid in members):
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)  # poll interval while the members stop
+        DataDirLock.acquire(pack).release()
+        assert "the process holding the data directory's lock is gone: stopping" in (
+            log.read_text()
+        )
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in members:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_write_whose_owner_never_answers_says_it_was_written(
