@@ -32,16 +32,22 @@ WHOLE_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)")
 zero): anything else gets this module's message, not the converter's."""
 
 
-class StrictQueryString:
-    """ASGI middleware: 400 ``invalid_input`` for a query string that is not UTF-8 once
-    percent-decoded, or that gives a parameter more than once."""
+MAX_TARGET_BYTES = 16_384
+"""The longest path and query string taken: a route's ids are at most 256 characters
+(~3 KiB percent-encoded each), and a longer target could not be forwarded (httpx refuses
+a URL over 64 KiB: a non-owner node answered 500 where the owner answered 400)."""
+
+
+class StrictRequestTarget:
+    """ASGI middleware: 400 ``invalid_input`` for a path and query string over
+    :data:`MAX_TARGET_BYTES`, a query string that is not UTF-8 once percent-decoded, or one
+    that gives a parameter more than once; before any node routes the request."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        query = scope.get("query_string", b"") if scope["type"] == "http" else b""
-        problem = query_string_problem(query) if query else None
+        problem = target_problem(scope) if scope["type"] == "http" else None
         if problem is None:
             await self.app(scope, receive, send)
             return
@@ -57,6 +63,19 @@ class StrictQueryString:
             }
         )
         await send({"type": "http.response.body", "body": content, "more_body": False})
+
+
+def target_problem(scope: Scope) -> str | None:
+    """Why the request target of ``scope`` is refused, or ``None``."""
+    query = scope.get("query_string", b"")
+    path = scope.get("raw_path") or str(scope.get("path", "")).encode()
+    size = len(path) + len(query)
+    if size > MAX_TARGET_BYTES:
+        return (
+            f"the request's path and query string are {size} bytes, over the limit of "
+            f"{MAX_TARGET_BYTES} (an id is at most 256 characters)"
+        )
+    return query_string_problem(query) if query else None
 
 
 def query_string_problem(query: bytes) -> str | None:

@@ -70,7 +70,7 @@ from .http_types import (
 )
 from .observe import CALLER_STATE, RequestObserver, metrics_endpoint, status_endpoint
 from .openapi import PROTECTED_ERRORS, StrictBodySchemaPlugin, error_responses
-from .query_string import StrictQueryString, check_query_parameters
+from .query_string import StrictRequestTarget, check_query_parameters
 from .types import EventView, StoreResult
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -643,7 +643,7 @@ def create_app(engine: EngineDep, settings: Settings | None = None) -> Litestar:
     )
     middleware = [
         DefineMiddleware(RequestObserver, metrics=engine.metrics),
-        DefineMiddleware(StrictQueryString),
+        DefineMiddleware(StrictRequestTarget),
     ]
     if engine.router is not None:
         middleware.append(

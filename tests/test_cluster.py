@@ -489,6 +489,23 @@ def test_processes_split_the_embedded_log_behind_one_port(tmp_path: Path) -> Non
     assert parent.returncode == 0, log.read_text()
 
 
+def _raw_get(url: str, target: str) -> tuple[int, str]:
+    """``GET target`` with the admin key, on a socket of its own: httpx refuses to send a
+    URL over 64 KiB."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        request = (
+            f"GET {target} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ADMIN_KEY}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        connection.sendall(request.encode())
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, body = answer.decode(errors="replace").partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
 def _running(pid: int) -> bool:
     """``pid`` lives (a zombie nobody reaped has ended)."""
     try:
@@ -727,6 +744,11 @@ def test_a_node_reading_another_topic_gets_no_partitions_and_nobody_crashes(
                 )
                 written = first.post("/v1/memories/batch", batch)
                 assert written.status_code == 201, written.text
+                # From the same trial: a node forwarding a path over 64 KiB answered 500
+                # (httpx refuses such a URL) where the owner answered 400.
+                for node in (first, second):  # one of them forwards it
+                    status, body = _raw_get(node.url, f"/v1/events/{'e' * 70_000}?user_id=a")
+                    assert status == 400, body[:300]
                 status = first.status()
                 assert (
                     f"REFUSED {stray.url}: no partitions, it reads the topic '{other_topic}'"

@@ -344,6 +344,25 @@ async def test_a_query_string_that_is_not_utf8_is_400_and_erases_nobody(
     assert [m["content"] for m in history.json()] == ["kept"]
 
 
+async def test_an_overlong_request_target_is_400_on_every_node(http: httpx.AsyncClient) -> None:
+    """Found by a cluster trial: a non-owner node forwarding a 100k-character path or
+    query string answered 500 (httpx refuses such a URL) where the owner answered 400;
+    the limit now comes before any routing."""
+    long_id = "e" * 20_000  # over the limit, under the 64 KiB httpx would send
+    for method, target in (
+        ("GET", f"/v1/events/{long_id}?user_id=alice"),
+        ("GET", f"/v1/history?user_id=alice&zz={long_id}"),
+        ("POST", f"/v1/nodes/{long_id}/archive"),
+    ):
+        response = await http.request(method, target, headers=ALICE, json={"user_id": "alice"})
+        assert response.status_code == 400, (target[:40], response.text)
+        assert response.json()["detail"].endswith(
+            "bytes, over the limit of 16384 (an id is at most 256 characters)"
+        )
+    short = await http.get(f"/v1/events/{'e' * 300}?user_id=alice", headers=ALICE)
+    assert short.status_code == 400 and "length <= 256" in short.json()["detail"]
+
+
 async def test_whole_numbers_the_converter_would_refuse_get_the_digits_message(
     http: httpx.AsyncClient,
 ) -> None:
