@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 import time
@@ -78,7 +79,8 @@ POLL_S = 0.1
 and a partition it assigns may need only a transaction marker stepped over to be served,
 which no poll returns: the loop notes positions at least this often."""
 STANDBY_ENCODE_AFTER_S = 10.0
-"""A standby waits this long for its owner to publish a record's vector, then encodes it."""
+"""A standby waits this long for its owner to publish more of a batch's vectors, then
+encodes the rest itself (an owner that publishes, however slowly, is waited for)."""
 MAX_BATCH_FACTOR = 16
 """A consumer that is behind polls up to this many times ``batch_size`` records: every
 read model pays a fixed cost per batch (a Tantivy commit, a transaction)."""
@@ -103,6 +105,16 @@ served), so a small batch waits for one chunk of a large one, not for all of it.
 STAGING_SUFFIX = ".rebuild"
 """``shards/p<N>.rebuild/``: where a rebuild of partition N stages its models."""
 _log = logging.getLogger("prme.projector")
+
+
+@dataclass
+class StandbyWait:
+    """A standby's wait for its owner to publish the vectors of the batch at ``first``."""
+
+    first: int
+    since: float
+    """When the owner last published more of them (or the wait began)."""
+    published: int = 0
 
 
 @dataclass
@@ -238,9 +250,8 @@ class ProjectorRunner:
         """The warm-ups this node's last probe said were ready, until the next map."""
         self._served_last: set[int] = set()
         """The partitions this node served when the rebalance in progress revoked them."""
-        self._standby_waits: dict[int, tuple[int, float]] = {}
-        """Per standby partition: the first offset of the batch waiting for its owner's
-        vectors, and since when it waits."""
+        self._standby_waits: dict[int, StandbyWait] = {}
+        """Per standby partition: the batch waiting for its owner's vectors."""
         self.standbys = StandbyKeeper(
             transport,
             self._open_standby,
@@ -629,15 +640,16 @@ class ProjectorRunner:
                 self.restores.append(await self.changelog.restore(partition))
             else:
                 await self.changelog.catch_up(partition)
-            # How long this batch has waited here (not the records' age: a new standby
-            # catching up on old records must still wait for the owner to publish them).
+            # How long this batch has waited here for the owner's progress (not the
+            # records' age: a new standby catching up on old records must still wait for
+            # the owner to publish them). A cluster trial's owner, slow under a burst,
+            # published all along, yet its standby encoded the whole burst again.
             first = entries[0].offset
-            seen, since = self._standby_waits.get(partition, (first, time.monotonic()))
-            if seen != first:
-                since = time.monotonic()
-            self._standby_waits[partition] = (first, since)
-            overdue = time.monotonic() - since > STANDBY_ENCODE_AFTER_S
-            encode = self._encode if overdue else self._published_vectors
+            wait = self._standby_waits.get(partition)
+            if wait is None or wait.first != first:
+                wait = self._standby_waits[partition] = StandbyWait(first, time.monotonic())
+            overdue = time.monotonic() - wait.since > STANDBY_ENCODE_AFTER_S
+            encode = self._encode if overdue else functools.partial(self._published_vectors, wait)
         try:
             dead = await shard.apply(entries, encode)
         except VectorsNotPublished:
@@ -647,12 +659,16 @@ class ProjectorRunner:
             _log.warning("standby p%d@%d: %s", letter.partition, letter.offset, letter.error)
         return True
 
-    async def _published_vectors(self, texts: list[str]) -> list[Float32Vector]:
-        """The vectors of ``texts`` from the cache only (VectorsNotPublished otherwise)."""
+    async def _published_vectors(self, wait: StandbyWait, texts: list[str]) -> list[Float32Vector]:
+        """The vectors of ``texts`` from the cache only (VectorsNotPublished otherwise);
+        more of them than at the last try restarts ``wait``'s clock."""
         found = await asyncio.to_thread(
             self._vector_cache.get_hashed, self.identity, [content_hash(t) for t in texts]
         )
-        if any(vector is None for vector in found):
+        published = sum(vector is not None for vector in found)
+        if published > wait.published:
+            wait.published, wait.since = published, time.monotonic()
+        if published < len(found):
             raise VectorsNotPublished
         return [vector for vector in found if vector is not None]
 

@@ -7,11 +7,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
+from prme.projectors.embeddings.vector_cache import content_hash
+from prme.projectors.runner import (
+    STANDBY_ENCODE_AFTER_S,
+    ProjectorRunner,
+    StandbyWait,
+    VectorsNotPublished,
+)
 from prme.query.forwarding import _read_body
 from prme.query.http_client import ClusterRoutes
 from prme.query.routes import is_repeatable, safe_to_resend
@@ -391,3 +400,30 @@ async def test_a_node_backs_off_when_a_plan_keeps_the_warm_ups_it_said_were_read
         assert probes._value.get() == 4
     finally:
         await runner.standbys.close()
+
+
+async def test_a_standby_waits_for_an_owner_that_publishes_slowly() -> None:
+    """Found by a cluster trial: an owner slowed by a burst published its vectors all
+    along, yet after 10 s its standby encoded the whole burst again (twice the embedding
+    CPU, on the machine whose writes were timing out). The wait's clock restarts whenever
+    the owner has published more of the batch."""
+    published: dict[str, np.ndarray] = {}
+
+    class Cache:
+        def get_hashed(self, identity: object, hashes: list[str]) -> list[np.ndarray | None]:
+            return [published.get(h) for h in hashes]
+
+    runner = SimpleNamespace(_vector_cache=Cache(), identity=None)
+    texts = ["one", "two", "three"]
+    wait = StandbyWait(first=0, since=time.monotonic() - STANDBY_ENCODE_AFTER_S - 1)
+    with pytest.raises(VectorsNotPublished):
+        await ProjectorRunner._published_vectors(runner, wait, texts)  # type: ignore[arg-type]
+    assert time.monotonic() - wait.since > STANDBY_ENCODE_AFTER_S  # nothing new: overdue
+    published[content_hash("one")] = np.zeros(2, dtype=np.float32)
+    with pytest.raises(VectorsNotPublished):
+        await ProjectorRunner._published_vectors(runner, wait, texts)  # type: ignore[arg-type]
+    assert wait.published == 1 and time.monotonic() - wait.since < 1  # progress: waits on
+    for text in texts:
+        published[content_hash(text)] = np.ones(2, dtype=np.float32)
+    vectors = await ProjectorRunner._published_vectors(runner, wait, texts)  # type: ignore[arg-type]
+    assert len(vectors) == 3 and wait.published == 3
