@@ -27,6 +27,7 @@ from prme.schemas.cluster import ClusterMap, other_topic_refusal, static_map
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
     ConsistencyTimeout,
+    Forbidden,
     ShardUnavailable,
     TransportError,
     Unauthenticated,
@@ -37,6 +38,7 @@ from .http_client import error_from_response
 from .http_types import (
     CALLER_HEADER,
     NOT_OWNER_HEADER,
+    OPEN_ENTRY_HEADER,
     SECRET_HEADER,
     STARTING_HEADER,
     WaitRequest,
@@ -261,7 +263,9 @@ class ClusterRouter:
 
     def check_forwarded(self, headers: Mapping[str, str]) -> str | None:
         """The caller a forwarded request names, after checking its cluster secret
-        (Unauthenticated without a valid one); None for a request from a client."""
+        (Unauthenticated without a valid one; Forbidden when a node with API keys gets it
+        from a node without: an open node lets anyone in as ``*``); None for a request
+        from a client."""
         caller = headers.get(CALLER_HEADER)
         presented = headers.get(SECRET_HEADER)
         if caller is None and presented is None:
@@ -279,6 +283,14 @@ class ClusterRouter:
             raise Unauthenticated("wrong cluster secret on a forwarded request")
         if caller is None:
             raise Unauthenticated("a forwarded request must name its caller")
+        if headers.get(OPEN_ENTRY_HEADER) and self.settings.service.api_keys:
+            refused = (
+                "the node this request entered has no API keys, and this node does not act "
+                "on what an open node let in (give every node of the cluster the same "
+                "PRME_SERVICE__API_KEYS)"
+            )
+            self._note_refusal("in", f"refused a forwarded request: {refused}")
+            raise Forbidden(refused)  # 403: the entry node relays it (a 401 names the secret)
         return caller
 
     def _note_refusal(self, peer: str, message: str) -> None:
@@ -302,7 +314,10 @@ class ClusterRouter:
                 "this node would forward the request to the partition's owner, but "
                 "PRME_CLUSTER__SECRET is not set (the nodes of a cluster share one)"
             )
-        return {SECRET_HEADER: self._secret, CALLER_HEADER: caller}
+        headers = {SECRET_HEADER: self._secret, CALLER_HEADER: caller}
+        if not self.settings.service.api_keys:  # every caller is admin here: say so
+            headers[OPEN_ENTRY_HEADER] = "1"
+        return headers
 
     async def forward(
         self,

@@ -35,7 +35,7 @@ from litestar.types import (
     Send,
 )
 
-from prme.schemas.errors import Unauthenticated
+from prme.schemas.errors import Forbidden, Unauthenticated
 
 from .auth import ApiKeys, Caller
 from .cluster import ClusterRouter, HopBroken, HopRefused, NodeRefused, NotOwner
@@ -91,8 +91,8 @@ class ForwardingMiddleware:
         partition = self.router.partition_of(owner)
         try:
             hop = self.router.check_forwarded(headers)
-        except Unauthenticated:
-            await self.app(scope, replay, stamped)  # the app answers 401 the same way
+        except Forbidden:  # Unauthenticated too
+            await self.app(scope, replay, stamped)  # the app answers 401 or 403 the same way
             return
         if hop is not None:
             await self._serve_hop(partition, route, scope, replay, stamped)

@@ -288,6 +288,8 @@ SECRET_HEADER = "x-prme-cluster-secret"
 """On a forwarded request: the cluster's shared secret."""
 CALLER_HEADER = "x-prme-forwarded-caller"
 """On a forwarded request: the owner (or ``*``) whose key the entry node authenticated."""
+OPEN_ENTRY_HEADER = "x-prme-forwarded-open"
+"""On a forwarded request: the entry node has no API keys (every caller is ``*`` there)."""
 
 
 def node_urls(url: str | Sequence[str]) -> list[str]:

@@ -639,6 +639,31 @@ def test_a_node_with_another_secret_is_named_and_refuses_a_write_it_cannot_forwa
         assert warned(good, "refused a forwarded request") == 1
 
 
+def test_a_node_with_api_keys_does_not_act_on_what_an_open_node_let_in(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Found by a cluster trial: through a node started without API keys (open, every
+    caller an admin) anyone wrote and read any owner of a node that has keys, which
+    trusted the forwarded caller ``*``."""
+    topic = f"openentry-{uuid.uuid4().hex[:8]}"
+    env = node_env(kafka_bootstrap, topic, f"{topic}-group")
+    keyed = Node(tmp_path, "keyed", env)
+    open_node = Node(tmp_path, "open", {**env, "PRME_SERVICE__API_KEYS": "{}"}, ["--no-project"])
+    with running([keyed, open_node]):
+        wait_ready([keyed, open_node])
+        wait_split([keyed], PARTITIONS)
+        body = {"user_id": "dave", "content": "dave's secret plan"}
+        for response in (
+            open_node.post("/v1/memories", body, headers={}),
+            open_node.post("/v1/retrieve", {"user_id": "dave", "query": "plan"}, headers={}),
+        ):
+            assert response.status_code == 403, response.text
+            assert response.json()["error"] == "forbidden"
+            assert "PRME_SERVICE__API_KEYS" in response.json()["detail"], response.text
+        assert keyed.get("/v1/history", params={"user_id": "dave"}).json() == []
+        assert "does not act on what an open node let in" in keyed.log()
+
+
 def test_a_node_with_another_secret_gets_no_partitions_from_the_running_cluster(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
