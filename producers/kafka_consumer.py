@@ -6,10 +6,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
+from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 
 from prme.schemas.cluster import ClusterMap, MemberClaim
-from prme.schemas.errors import TransportError
+from prme.schemas.errors import ConfigurationError, TransportError
 
 from .kafka_common import bounded, entry_of, stop_quietly
 from .kafka_membership import ClusterAssignor
@@ -104,9 +104,17 @@ class KafkaLogConsumer(LogConsumer):
         self._consumer = consumer
         try:
             await bounded(consumer.start(), self._timeout_s, "consumer start")
-        except BaseException:
+        except BaseException as error:
             self._consumer = None
             await stop_quietly(consumer.stop(), self._timeout_s)
+            if isinstance(error.__cause__, InvalidSessionTimeoutError):
+                seconds = self._settings["session_timeout_ms"] / 1000
+                raise ConfigurationError(
+                    f"kafka: the brokers refuse a session timeout of {seconds:g} s "
+                    "(cluster.session_timeout_s, PRME_CLUSTER__SESSION_TIMEOUT_S): they take "
+                    "one between their group.min.session.timeout.ms (6 s by default) and "
+                    "group.max.session.timeout.ms"
+                ) from error
             raise
 
     async def close(self) -> None:

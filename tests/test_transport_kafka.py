@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from prme.producers.kafka_consumer import KafkaLogConsumer
 from prme.producers.kafka_log import KafkaLogTransport
 from prme.producers.transport import LogItem
 from prme.schemas.config import Settings
@@ -385,3 +386,20 @@ async def test_reads_and_end_offsets_are_not_held_up_by_an_idle_fetch(
             ends = await transport.end_offsets()
             assert len(await transport.read(partition, ends[partition] - 1, 10)) == 1
     assert asyncio.get_running_loop().time() - started < 6.0
+
+
+async def test_a_session_timeout_the_brokers_refuse_is_a_settings_error(
+    kafka_bootstrap: str, transport: KafkaLogTransport, kafka_topic: str
+) -> None:
+    """From a cluster trial: 0.5 s gave "consumer start failed: InvalidSessionTimeoutError()",
+    which named neither the setting nor the range."""
+    consumer = KafkaLogConsumer(
+        kafka_bootstrap, kafka_topic, f"group-{uuid.uuid4().hex[:8]}", session_timeout_ms=500
+    )
+
+    async def nothing(_: set[int]) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match=r"refuse a session timeout of 0\.5 s"):
+        await consumer.start(nothing, nothing)
+    await consumer.close()
