@@ -11,7 +11,10 @@ vector cache holds for the partition's owners; if the partition comes back later
 restored like a partition this node never held. The clock runs only while the node is a
 member in good standing: before its first assignment, while the group refuses it, and once
 its projector has failed (a shard built from another log is kept for the operator), no
-directory counts as unused.
+directory counts as unused. At the first sweep after the process starts, a directory's
+clock starts at the last time one of its files was written (as Kafka Streams reads a task
+directory's last modification), not at the start: a node restarted more often than the
+delay kept an erased owner's stale copy for good (a cluster trial).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,6 +59,8 @@ class StateCleaner:
         self._removed = removed
         self._may_sweep = may_sweep
         self._unused_since: dict[int, float] = {}
+        self._swept = False
+        """A sweep in good standing ran in this process (the clocks it starts are its own)."""
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -96,7 +102,10 @@ class StateCleaner:
             del self._unused_since[partition]
         removed = []
         for partition in sorted(unused):
-            since = self._unused_since.setdefault(partition, now)
+            if partition not in self._unused_since:
+                idle = 0.0 if self._swept else await asyncio.to_thread(self._idle_s, partition)
+                self._unused_since[partition] = now - idle
+            since = self._unused_since[partition]
             if now - since < self._delay_s:
                 continue
             async with self._claimed(partition) as free:
@@ -112,7 +121,17 @@ class StateCleaner:
                 now - since,
             )
             await asyncio.to_thread(shutil.rmtree, discarded, True)
+        self._swept = True
         return removed
+
+    def _idle_s(self, partition: int) -> float:
+        """Seconds since a file of ``partition``'s directory was last written."""
+        newest = 0.0
+        for folder, _, files in os.walk(shard_directory(self._data_dir, partition)):
+            for name in files:
+                with contextlib.suppress(OSError):  # deleted meanwhile
+                    newest = max(newest, os.stat(os.path.join(folder, name)).st_mtime)
+        return max(0.0, time.time() - newest) if newest else 0.0
 
     @contextlib.asynccontextmanager
     async def _claimed(self, partition: int) -> AsyncIterator[bool]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -196,3 +198,26 @@ async def test_a_use_between_two_sweeps_restarts_the_delay(tmp_path: Path) -> No
     cleaner.released(5, now=150.0)  # opened and closed again between the sweeps
     assert await cleaner.sweep(now=170.0) == []  # 60 s from 100, but 20 from 150
     assert await cleaner.sweep(now=211.0) == [5]
+
+
+async def test_after_a_restart_the_delay_counts_from_the_last_write(tmp_path: Path) -> None:
+    """Found by a cluster trial: the clock started at every start of the node, so a node
+    restarted more often than the delay kept an erased owner's stale copy for good. The
+    first sweep of a process dates a directory by its newest file, as Kafka Streams does."""
+    _shards(tmp_path, 0, 1, 2)
+    hour_ago = time.time() - 3600
+    for partition in (0, 2):
+        written = shard_directory(tmp_path, partition) / "history" / "history.sqlite3"
+        written.write_bytes(b"read model")
+        os.utime(written, (hour_ago, hour_ago))
+    (shard_directory(tmp_path, 1) / "history" / "history.sqlite3").write_bytes(b"fresh")
+    removed: list[int] = []
+    in_use = {2}
+    cleaner = _cleaner(tmp_path, in_use, removed)
+    assert await cleaner.sweep(now=100.0) == [0]  # unused for an hour: gone at once
+    assert shard_directory(tmp_path, 1).exists()  # written just now: its 60 s from now
+    in_use.clear()  # let go of in this process: the clock is this process's own
+    assert await cleaner.sweep(now=150.0) == []
+    assert await cleaner.sweep(now=161.0) == [1]
+    assert await cleaner.sweep(now=209.0) == []
+    assert await cleaner.sweep(now=211.0) == [2]
