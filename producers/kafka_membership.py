@@ -150,6 +150,7 @@ def plan_cluster(
     return {
         m: ClusterMember(
             url=claims[m].url,
+            keyed=claims[m].keyed,
             partitions=sorted(owned[m]),
             standbys=sorted(set(standbys[m]) | warmups[m]),
             warmups=sorted(warmups[m]),

@@ -425,6 +425,7 @@ class ProjectorRunner:
             warm=dict(self._held),
             generation=generation,
             standby_replicas=self.settings.cluster.standby_replicas,
+            keyed=bool(self.settings.service.api_keys),
             holds_standbys=self._own_data_dir,
             secret_tag=self._claimed_secret_tag(),
             instance=self.instance,

@@ -170,12 +170,21 @@ class ClusterRouter:
     def append_refusal(self) -> str | None:
         """Why this node must append nothing: it reads another topic than its group's (a
         member the group gave no partitions, or a serve-only node routing for a group of
-        another topic), so what it appended would never be served. None otherwise."""
+        another topic), so what it appended would never be served; or it has no API keys
+        while the group's nodes have (it would write any owner for anyone). None
+        otherwise."""
         cluster_map = self.cluster_map
-        topic = self.settings.log.topic
-        if cluster_map is None or not cluster_map.topic or cluster_map.topic == topic:
+        if cluster_map is None:
             return None
-        return other_topic_refusal(topic, cluster_map)
+        topic = self.settings.log.topic
+        if cluster_map.topic and cluster_map.topic != topic:
+            return other_topic_refusal(topic, cluster_map)
+        if not self.settings.service.api_keys and any(m.keyed for m in cluster_map.members):
+            return (
+                "it has no API keys and the nodes of its group have (give every node the "
+                "same PRME_SERVICE__API_KEYS)"
+            )
+        return None
 
     def partition_of(self, owner: str) -> int:
         return self.transport.partition_for(owner.encode("utf-8", "surrogatepass"))

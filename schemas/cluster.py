@@ -20,6 +20,9 @@ class ClusterMember(msgspec.Struct, frozen=True, kw_only=True):
     """Partitions this node owns (serves and projects)."""
     standbys: list[int] = []
     """Partitions this node keeps warm copies of, applied continuously, not served."""
+    keyed: bool = False
+    """It serves with API keys (``service.api_keys``): a node without any appends nothing
+    (it lets anyone in as ``*``; a cluster trial wrote a keyed node's owners through one)."""
     warmups: list[int] = []
     """Partitions the plan would give this node but that its copy is too far behind to
     serve at once (more than ``MemberClaim.acceptable_recovery_lag`` records behind the
@@ -92,6 +95,8 @@ class MemberClaim(msgspec.Struct, frozen=True, kw_only=True):
     standby_replicas: int = 0
     """The standbys per partition it was started with: the group keeps the most any
     member asks for, so nodes need not agree (nor the leader be the one that asked)."""
+    keyed: bool = False
+    """It serves with API keys (``service.api_keys``)."""
     holds_standbys: bool = True
     """False for a process that shares its data directory with sibling processes (a
     standby would sit in the directory its owner writes): it is given none."""

@@ -660,6 +660,19 @@ def test_a_node_with_api_keys_does_not_act_on_what_an_open_node_let_in(
             assert response.status_code == 403, response.text
             assert response.json()["error"] == "forbidden"
             assert "PRME_SERVICE__API_KEYS" in response.json()["detail"], response.text
+        # A batch of several owners, which the entry node appends itself (a review).
+        batch = {
+            "messages": [
+                {"user_id": "dave", "content": "dave's plan via a batch"},
+                {"user_id": "erin", "content": "erin's plan via a batch"},
+            ],
+            "wait": False,
+        }
+        appended = open_node.post("/v1/memories/batch", batch, headers={})
+        assert appended.status_code == 503, appended.text
+        assert appended.json()["detail"].startswith(
+            "this node appends nothing: it has no API keys and the nodes of its group have"
+        )
         assert keyed.get("/v1/history", params={"user_id": "dave"}).json() == []
         assert "does not act on what an open node let in" in keyed.log()
 
