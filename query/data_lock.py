@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Mapping
@@ -90,7 +91,8 @@ class DataDirLock:
     def child_environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with the token that lets a
         process started with it open the directory under this lock, and where it reads of
-        this process's end (start it with :meth:`child_fds` passed)."""
+        this process's end (start it with :meth:`child_fds` passed; without them it does
+        not watch this process)."""
         environment = {**(os.environ if base is None else base), TOKEN_ENV: self._token}
         if self._fd is not None:
             environment[HOLDER_FD_ENV] = str(self._holder_link()[0])
@@ -122,6 +124,13 @@ def _stop_with_holder(fd: str | None) -> None:
     """In a member: SIGTERM this process once the lock's holder is gone (the pipe's end of
     file), from a daemon thread blocked on the read."""
     if not fd or not fd.isdigit():
+        return
+    try:
+        linked = stat.S_ISFIFO(os.fstat(int(fd)).st_mode)
+    except OSError:  # started without child_fds(): nothing to watch
+        linked = False
+    if not linked:
+        _log.warning("started without the lock holder's pipe: not watching the holder")
         return
 
     def watch() -> None:
