@@ -62,7 +62,8 @@ _RELATIVE_PATTERNS: Final = [
     re.compile(r"\b(?P<which>this|last)\s+(?P<unit>weekend|week|month|year)\b(?!\s+of\b)", re.I),
     re.compile(r"\b(?:the\s+)?past\s+(?P<past>week|month|year)\b", re.I),
     re.compile(
-        rf"\b(?P<count>\d{{1,3}}|{'|'.join(_COUNT_WORDS)})\s+(?P<units>day|week|month|year)s?"
+        rf"(?<![\d,.])\b(?P<count>\d{{1,3}}|{'|'.join(_COUNT_WORDS)})\s+"
+        r"(?P<units>day|week|month|year)s?"
         r"\s+ago\b",
         re.I,
     ),
@@ -88,12 +89,16 @@ class DateSpan(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     start: datetime
     end: datetime
+    relative: bool = False
+    """Named relative to the time asked ("yesterday"): no slack extends it (it would reach
+    the present, where every recent memory lies)."""
 
     def contains(self, moment: datetime, slack: timedelta = timedelta(0)) -> bool:
-        """Whether ``moment`` is in the span, extended by ``slack`` past its end."""
+        """Whether ``moment`` is in the span, extended by ``slack`` past its end (a
+        calendar span only)."""
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
-        return self.start <= moment < self.end + slack
+        return self.start <= moment < self.end + (timedelta(0) if self.relative else slack)
 
 
 def time_cue(query: str) -> str | None:
@@ -155,7 +160,7 @@ def _relative_span(found: re.Match[str], today: datetime) -> DateSpan | None:
             start, end = today - count * day, today - (count - 1) * day
         else:
             start, end = _unit_span(unit, today, count)
-    return DateSpan(text=found.group(0), start=start, end=end)
+    return DateSpan(text=found.group(0), start=start, end=end, relative=True)
 
 
 def _unit_span(unit: str, today: datetime, back: int) -> tuple[datetime, datetime]:

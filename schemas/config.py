@@ -95,7 +95,9 @@ class QuerySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``date_match``: a memory that occurred in a named span scores ``1 + date_boost`` times
     more."""
     date_slack_days: Count = 7
-    """A memory recorded up to this long after a named span still matches ("yesterday")."""
+    """A memory recorded up to this long after a named calendar span still matches
+    ("yesterday" is said afterwards); a span named relative to the time asked ("last week")
+    gets no slack."""
     time_depth: Count = 100
     """How many of the fused candidates (best first) the time and speaker stages rescore."""
     speaker_match: bool = True

@@ -156,6 +156,9 @@ async def test_a_question_about_yesterday_prefers_what_happened_yesterday(
     assert [d["text"] for d in response.receipt.analysis["dates"]] == ["yesterday"]
     assert set(response.receipt.analysis["boosts"]) == set(yesterday.node_ids)
     recorded_now = await engine.store("I went hiking with Ana.", "alice")
+    # No slack after a relative span (a review: "last week" boosted this week's memories too).
+    last_week = await engine.retrieve("Where did I go hiking last week?", "alice")
+    assert not set(last_week.receipt.analysis["boosts"]) & set(recorded_now.node_ids)
     today = await engine.retrieve("Where did I go hiking today?", "alice")
     assert today.results[0].event_id == recorded_now.event_id
     assert set(today.receipt.analysis["boosts"]) >= set(recorded_now.node_ids)

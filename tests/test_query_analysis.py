@@ -97,6 +97,7 @@ def test_date_mentions_relative_to_the_time_asked(query: str, span: tuple[str, .
 
 def test_relative_mentions_need_the_time_asked_and_yield_to_calendar_dates() -> None:
     assert date_mentions("What did I say yesterday?") == []
+    assert date_mentions("1,000 days ago and 2.5 weeks ago", MONDAY) == []
     spans = date_mentions("the last week of May 2023, and today", MONDAY)
     assert [s.text for s in spans] == ["May 2023", "today"]
     # A time zone is read in UTC: 23:30 on Sunday at UTC-2 is Monday 01:30 UTC.
