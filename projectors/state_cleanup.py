@@ -14,7 +14,9 @@ its projector has failed (a shard built from another log is kept for the operato
 directory counts as unused. At the first sweep after the process starts, a directory's
 clock starts at the last time one of its files was written (as Kafka Streams reads a task
 directory's last modification), not at the start: a node restarted more often than the
-delay kept an erased owner's stale copy for good (a cluster trial).
+delay kept an erased owner's stale copy for good (a cluster trial). Every sweep touches
+:data:`USED_STAMP` in the directories in use, and a release in the one let go of, so a
+quiet partition served until a restart counts as used then, not at its last write.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from .tasks import cancel_and_wait
 DISCARDED_SUFFIX = ".discarded"
 """``shards/p<N>.discarded/``: a directory being deleted (renamed first, so a process
 killed mid-way never leaves a half-deleted shard to be opened)."""
+USED_STAMP = "used.stamp"
+"""An empty file whose modification time says when a shard directory was last in use."""
 _log = logging.getLogger("prme.projector")
 
 
@@ -90,6 +94,17 @@ class StateCleaner:
     def released(self, partition: int, now: float | None = None) -> None:
         """``partition``'s directory stopped being used now: its delay counts from here."""
         self._unused_since[partition] = time.monotonic() if now is None else now
+        self._stamp(partition)
+
+    def _stamp_all(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            self._stamp(partition)
+
+    def _stamp(self, partition: int) -> None:
+        directory = shard_directory(self._data_dir, partition)
+        with contextlib.suppress(OSError):  # gone meanwhile: nothing to date
+            if directory.is_dir():
+                (directory / USED_STAMP).touch()
 
     async def sweep(self, now: float | None = None) -> list[int]:
         """Delete the directories unused for ``delay_s``; returns their partitions."""
@@ -97,7 +112,9 @@ class StateCleaner:
         if not self._may_sweep():
             self._unused_since.clear()
             return []
-        unused = set(self._on_disk()) - self._in_use()
+        on_disk, in_use = set(self._on_disk()), self._in_use()
+        unused = on_disk - in_use
+        await asyncio.to_thread(self._stamp_all, sorted(on_disk & in_use))
         for partition in set(self._unused_since) - unused:
             del self._unused_since[partition]
         removed = []

@@ -214,12 +214,12 @@ class HttpMemoryBackend(MemoryBackend):
         params: dict[str, Any] | None = None,
         owner: str | None = None,
     ) -> T:
-        if json is not None:
-            check_finite_numbers(msgspec.to_builtins(json), "$")
         try:
             content = None if json is None else self._encoder.encode(json)
+            plain = None if json is None else msgspec.to_builtins(json)
         except (TypeError, ValueError, OverflowError) as error:
             raise InvalidInput(f"the request is not JSON-serializable: {error}") from error
+        check_finite_numbers(plain, "$")  # the encoder wrote NaN and infinities as null
         headers = None if content is None else {"Content-Type": "application/json"}
         if owner is None:
             owner = _owner_in(json, params)

@@ -15,7 +15,7 @@ import re
 import typing
 from collections import Counter
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 import msgspec
 from litestar.connection import ASGIConnection
@@ -75,6 +75,10 @@ def target_problem(scope: Scope) -> str | None:
             f"the request's path and query string are {size} bytes, over the limit of "
             f"{MAX_TARGET_BYTES} (an id is at most 256 characters)"
         )
+    try:
+        unquote_to_bytes(path).decode()
+    except UnicodeDecodeError:  # /v1/events/%FF was looked up as U+FFFD
+        return "the request's path is not UTF-8 once percent-decoded"
     return query_string_problem(query) if query else None
 
 

@@ -505,7 +505,7 @@ async def cluster(engine: EngineDep) -> ClusterView:
     summary="Node to node: return once this node has applied a partition's offset",
     description="Authenticated by the cluster secret (X-PRME-Cluster-Secret), not an API key.",
     tags=["cluster"],
-    responses=error_responses(400, 401, 413, 503, 504),
+    responses=error_responses(400, 401, 403, 413, 503, 504),
 )
 async def cluster_wait(
     request: Request[Any, Any, Any], data: JSONBody[WaitRequest], engine: EngineDep

@@ -199,11 +199,12 @@ def has_visible_text(text: str) -> bool:
 
 def has_only_text(content: str | list[ContentBlock]) -> bool:
     """``content`` is text alone: a string, or blocks none of which is of another type
-    (an image, a file: a message may be one of those without any text)."""
+    (an image, a file: a message may be one of those without any text; a block that is no
+    object is not text either, and the record's type refuses it)."""
     if isinstance(content, str):
         return True
     return all(
-        isinstance(block, str) or not isinstance(block, dict) or block.get("type") in (None, "text")
+        isinstance(block, str) or (isinstance(block, dict) and block.get("type") in (None, "text"))
         for block in content
     )
 

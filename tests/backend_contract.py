@@ -71,6 +71,12 @@ class MemoryBackendContract:
             await backend.store_many(
                 [MessageDraft(owner="alice", content="m", metadata={"w": -math.inf})]
             )
+        # From a review: these raised TypeError over HTTP and AttributeError in-process.
+        with pytest.raises(InvalidInput):
+            await backend.store("a measurement", "alice", metadata={"k": object()})
+        for content in ([5], [None], [{"type": "text", "text": "hi"}, 5]):
+            with pytest.raises(InvalidInput):
+                await backend.store(content, "alice")  # type: ignore[arg-type]
         found = await backend.retrieve("measurement coffee m", "alice", min_score=-1.0)
         assert [r.text for r in found.results] == ["the coffee here is strong"]
 

@@ -339,6 +339,11 @@ async def test_a_query_string_that_is_not_utf8_is_400_and_erases_nobody(
         }
     read = await http.get("/v1/history?user_id=%FF", headers=ADMIN)
     assert read.status_code == 400
+    event = await http.get("/v1/events/%FF?user_id=alice", headers=ADMIN)  # a review
+    assert event.json() == {
+        "error": "invalid_input",
+        "detail": "the request's path is not UTF-8 once percent-decoded",
+    }
     assert await log_size(engine) == before
     history = await http.get("/v1/history", params={"user_id": "\ufffd"}, headers=ADMIN)
     assert [m["content"] for m in history.json()] == ["kept"]

@@ -221,3 +221,23 @@ async def test_after_a_restart_the_delay_counts_from_the_last_write(tmp_path: Pa
     assert await cleaner.sweep(now=161.0) == [1]
     assert await cleaner.sweep(now=209.0) == []
     assert await cleaner.sweep(now=211.0) == [2]
+
+
+async def test_a_quiet_partition_in_use_until_a_restart_counts_as_used_then(
+    tmp_path: Path,
+) -> None:
+    """From a review: a partition served until a restart but written to an hour ago went
+    at the new process's first sweep; a sweep now stamps the directories in use."""
+    _shards(tmp_path, 4)
+    written = shard_directory(tmp_path, 4) / "history" / "history.sqlite3"
+    written.write_bytes(b"read model")
+    hour_ago = time.time() - 3600
+    os.utime(written, (hour_ago, hour_ago))
+    in_use = {4}
+    before_restart = _cleaner(tmp_path, in_use, [])
+    assert await before_restart.sweep(now=100.0) == []  # in use: stamped
+    in_use.clear()  # the first map after the restart gives it to another node
+    removed: list[int] = []
+    after_restart = _cleaner(tmp_path, in_use, removed)
+    assert await after_restart.sweep(now=5.0) == []  # used moments ago: its 60 s from there
+    assert await after_restart.sweep(now=66.0) == [4]
