@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -423,6 +424,23 @@ def test_a_serve_only_node_routes_every_read(
     assert not (router.data_dir / "vector_cache.sqlite3").exists()
 
 
+def _processes_ready(parent: subprocess.Popen[bytes], url: str, log: Path) -> dict[str, Any]:
+    """The map of ``prme serve --processes 2`` at ``url`` once both members are ready."""
+    deadline = time.monotonic() + 180
+    while True:
+        assert parent.poll() is None and time.monotonic() < deadline, log.read_text()
+        try:
+            view: dict[str, Any] = httpx.get(url + "/v1/cluster", timeout=5).json()
+            if len(view["members"]) == 2 and all(
+                httpx.get(m["url"] + "/v1/ready", timeout=5).status_code == 200
+                for m in view["members"]
+            ):
+                return view
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)  # poll interval while the processes start
+
+
 def test_processes_split_the_embedded_log_behind_one_port(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRME_")}
@@ -433,21 +451,7 @@ def test_processes_split_the_embedded_log_behind_one_port(tmp_path: Path) -> Non
         parent = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        view = None
-        while time.monotonic() < deadline:
-            assert parent.poll() is None, log.read_text()
-            try:
-                view = httpx.get(url + "/v1/cluster", timeout=5).json()
-                if len(view["members"]) == 2 and all(
-                    httpx.get(m["url"] + "/v1/ready", timeout=5).status_code == 200
-                    for m in view["members"]
-                ):
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)  # poll interval while the processes start
-        assert view is not None and len(view["members"]) == 2, log.read_text()
+        view = _processes_ready(parent, url, log)
         assert sorted(p for m in view["members"] for p in m["partitions"]) == list(range(12))
         with httpx.Client(timeout=60) as http:
             for i in range(20):
@@ -529,19 +533,7 @@ def test_members_stop_when_their_processes_parent_is_killed(tmp_path: Path) -> N
     children = Path("/proc") / str(parent.pid) / "task" / str(parent.pid) / "children"
     members: list[int] = []
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert parent.poll() is None and time.monotonic() < deadline, log.read_text()
-            try:
-                view = httpx.get(f"http://127.0.0.1:{port}/v1/cluster", timeout=5).json()
-                if len(view["members"]) == 2 and all(
-                    httpx.get(m["url"] + "/v1/ready", timeout=5).status_code == 200
-                    for m in view["members"]
-                ):
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)  # poll interval while the processes start
+        _processes_ready(parent, f"http://127.0.0.1:{port}", log)
         members += [int(pid) for pid in children.read_text().split()]
         assert len(members) == 2
         parent.kill()
