@@ -27,6 +27,7 @@ from prme.schemas.records import (
     ERASABLE_OWNER_PATTERN,
     HTTP_ERASABLE_OWNER_PATTERN,
     ID_PATTERN,
+    PATH_ID_PATTERN,
     USER_ID_PATTERN,
     Role,
     UserIdField,
@@ -50,6 +51,8 @@ PATTERN_WORDS = {
     "time)",
     ID_PATTERN: "Expected an id without control characters or invisible characters (U+200B "
     "zero-width space, U+200D zero-width joiner as in joined emoji, U+FEFF, ...)",
+    PATH_ID_PATTERN: "Expected an event or node id: no `/`, control characters or invisible "
+    "characters",
     TEXT_PATTERN: "Expected text that is not empty or only whitespace",
     TOKEN_PATTERN: "Expected a consistency token `partition:offset`",
 }
@@ -62,6 +65,15 @@ IdField = Annotated[
         max_length=256,
         pattern=ID_PATTERN,
         description="1-256 characters, no control or invisible characters",
+    ),
+]
+PathIdField = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=256,
+        pattern=PATH_ID_PATTERN,
+        description="an event or node id: 1-256 characters, no /, control or invisible ones",
     ),
 ]
 NameField = Annotated[str, msgspec.Meta(min_length=1)]
@@ -87,9 +99,9 @@ _ID_TYPES: dict[str, Any] = {
     "user_id": UserIdField,
     "session_id": IdField,
     "scope": IdField,
-    "event_id": IdField,
-    "node_id": IdField,
-    "by_node_id": IdField,
+    "event_id": PathIdField,
+    "node_id": PathIdField,
+    "by_node_id": PathIdField,
 }
 
 
@@ -259,7 +271,7 @@ class RestoreRequest(Body, frozen=True, kw_only=True):
 
 class SupersedeRequest(Body, frozen=True, kw_only=True):
     user_id: UserIdField
-    by_node_id: IdField
+    by_node_id: PathIdField
     wait: bool = True
 
 

@@ -48,6 +48,7 @@ from .http_errors import HTTP_KINDS, status_of
 from .http_types import (
     ID_PATTERN,
     NOT_OWNER_HEADER,
+    PATH_ID_PATTERN,
     PATTERN_WORDS,
     TOKEN_PATTERN,
     USER_ID_PATTERN,
@@ -154,6 +155,7 @@ ErasedUserId = Annotated[
 ]
 Wait = Annotated[bool, QueryParameter(description="return once the write is applied")]
 _ID_RULE = "1-256 characters, no control or invisible characters"
+_PATH_ID_RULE = "1-256 characters, no /, control or invisible characters"
 SessionId = Annotated[
     str,
     QueryParameter(
@@ -176,16 +178,19 @@ Scope = Annotated[
 EventId = Annotated[
     str,
     PathParameter(
-        description=f"the event ({_ID_RULE})", min_length=1, max_length=256, pattern=ID_PATTERN
+        description=f"the event ({_PATH_ID_RULE})",
+        min_length=1,
+        max_length=256,
+        pattern=PATH_ID_PATTERN,
     ),
 ]
 NodeId = Annotated[
     str,
     PathParameter(
-        description=f"the memory node, mem:<event id> ({_ID_RULE})",
+        description=f"the memory node, mem:<event id> ({_PATH_ID_RULE})",
         min_length=1,
         max_length=256,
-        pattern=ID_PATTERN,
+        pattern=PATH_ID_PATTERN,
     ),
 ]
 

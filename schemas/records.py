@@ -72,6 +72,10 @@ owner (an erasure of ``*`` erased an owner of that name alone)."""
 ID_PATTERN = rf"^[^{UNSEEN_CHARACTERS}]+(?!\n)$"
 """A session, scope, event, node or request id as the API takes it: no control or
 invisible characters."""
+PATH_ID_PATTERN = rf"^[^/{UNSEEN_CHARACTERS}]+(?!\n)$"
+"""An event or node id: an id without ``/`` (one URL path segment; the ids PRME makes have
+none, and over HTTP a ``/`` in one reached no route: "Not Found" instead of the answer
+in-process)."""
 UserIdField = Annotated[
     str,
     msgspec.Meta(

@@ -263,6 +263,22 @@ class MemoryBackendContract:
         with pytest.raises(NotFound):
             await backend.supersede(bobs.node_ids[0], bobs.node_ids[0], "alice")
 
+    async def test_an_event_or_node_id_with_a_slash_is_invalid_input_both_ways(
+        self, backend: MemoryBackend
+    ) -> None:
+        """A trial: over --url, MCP answered an id with a ``/`` as HTTP's bare "Not Found"
+        (no route matched), in-process "no event a/b for owner alice"."""
+        calls = (
+            lambda: backend.get_event("a/b", "alice"),
+            lambda: backend.get_event_nodes("a/b", "alice"),
+            lambda: backend.delete_message("alice", "a/b"),
+            lambda: backend.archive("mem:a/b", "alice"),
+            lambda: backend.supersede("mem:x", "mem:a/b", "alice"),
+        )
+        for call in calls:
+            with pytest.raises(InvalidInput, match="no `/`"):
+                await call()
+
     async def test_erase_owner_removes_that_owner_only(self, backend: MemoryBackend) -> None:
         await backend.store("alice likes tea", "alice", session_id="s1")
         await backend.store("bob likes tea", "bob", session_id="s1")
