@@ -71,7 +71,7 @@ from .http_types import (
 )
 from .observe import CALLER_STATE, RequestObserver, metrics_endpoint, status_endpoint
 from .openapi import PROTECTED_ERRORS, StrictBodySchemaPlugin, error_responses
-from .query_string import StrictRequestTarget, check_query_parameters
+from .request_target import StrictRequestTarget, check_query_parameters
 from .types import EventView, StoreResult
 
 T = TypeVar("T", bound=msgspec.Struct)

@@ -1,5 +1,6 @@
-"""The query string as strictly as a body: a parameter given twice, one the route does not
-take, a whole number written otherwise, or bytes that are not UTF-8 are refused.
+"""The request target (path and query string) as strictly as a body: a target over
+16 KiB, a path or query string that is not UTF-8 once percent-decoded, a query parameter
+given twice, one the route does not take, or a whole number written otherwise is refused.
 
 Every endpoint reads one value per query parameter, and readers disagree on which of two
 (the forwarding middleware routes by the first ``user_id``, the app would act on the
