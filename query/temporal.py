@@ -2,9 +2,10 @@
 
 - :func:`time_cue`: the phrase that makes a question ask for a time ("when", "how long",
   "what year" ...), or ``None``.
-- :func:`date_mentions`: the calendar spans a query names ("8 May 2023", "May 2023",
-  "in 2022"), as half-open UTC intervals; given the time of the query, also those it names
-  relative to it ("yesterday", "last week", "3 days ago").
+- :func:`date_mentions`: the calendar spans a query names ("8 May 2023", "2023-05-08",
+  "May 2023", "in 2022"), as half-open UTC intervals; given the time of the query, also
+  those it names relative to it ("yesterday", "last week", "3 days ago", "on Friday",
+  "Dec 1st").
 - :func:`has_time_expression`: whether a memory's text states a time ("yesterday",
   "last week", "in June", "2019", "3 years ago" ...).
 
@@ -37,11 +38,16 @@ _CUE = re.compile(
     r"which\s+(?:year|month|date|day|week))\b",
     re.IGNORECASE,
 )
+_ISO_DATE: Final = re.compile(
+    rf"(?<![\d-]){_YEAR}-(?P<month_number>0[1-9]|1[0-2])(?:-(?P<day>[0-3]\d))?(?![\d-])"
+)
+"""``2023-05-08`` and ``2023-05`` (ISO 8601 calendar dates)."""
 _DATE_PATTERNS: Final = [
+    _ISO_DATE,
     re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH},?\s+{_YEAR}\b", re.IGNORECASE),
     re.compile(rf"\b{_MONTH}\s+{_DAY},?\s+{_YEAR}\b", re.IGNORECASE),
     re.compile(rf"\b{_MONTH},?\s+{_YEAR}\b", re.IGNORECASE),
-    re.compile(rf"\b(?<![/\d]){_YEAR}(?![/\d])\b", re.IGNORECASE),
+    re.compile(rf"\b(?<![/\d]){_YEAR}(?![/\d]|-\d\d?(?!\d))\b", re.IGNORECASE),
 ]
 _COUNT_WORDS: Final = {
     "a": 1,
@@ -69,6 +75,19 @@ _RELATIVE_PATTERNS: Final = [
     ),
 ]
 _PAST_DAYS: Final = {"week": 7, "month": 30, "year": 365}
+_WEEKDAYS: Final = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_DAY_OF_YEAR_PATTERNS: Final = [
+    re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}(?!\w)", re.I),
+    re.compile(rf"\b{_MONTH}\s+{_DAY}\b(?!,?\s*\d{{4}})", re.I),
+]
+"""A day of a month without its year ("Dec 1st", "1 December"): its latest date up to the
+day asked."""
+_WEEKDAY_PATTERN: Final = re.compile(
+    rf"\b(?P<weekday_which>last|on|this\s+past)\s+(?P<weekday>{'|'.join(_WEEKDAYS)})\b(?!s)",
+    re.I,
+)
+"""``on Friday`` (the latest Friday up to the day asked), ``last Friday`` and ``this past
+Friday`` (the latest before it)."""
 
 _WORDS_OF_TIME: Final = (
     r"yesterday|today|tonight|tomorrow|weekend|weekends|morning|evening|afternoon|"
@@ -117,7 +136,10 @@ def date_mentions(query: str, now: datetime | None = None) -> list[DateSpan]:
     too, in UTC days: "today", "yesterday", "the day before yesterday", "this/last week"
     (Monday to Sunday), "this/last weekend", "this/last month", "this/last year", "the past
     week/month/year" (the last 7, 30 or 365 days and today), "N days/weeks/months/years
-    ago" (that day; the week, month or year it falls in)."""
+    ago" (that day; the week, month or year it falls in), "on Friday" (the latest Friday up
+    to today), "last Friday" and "this past Friday" (the latest one before today), and a
+    day of a month without its year, "Dec 1st" or "1 December" (its latest date up to
+    today; "may" in lower case is the verb, not the month)."""
     spans: list[DateSpan] = []
     taken: list[tuple[int, int]] = []
     readers: list[tuple[re.Pattern[str], Callable[[re.Match[str]], DateSpan | None]]] = [
@@ -128,6 +150,9 @@ def date_mentions(query: str, now: datetime | None = None) -> list[DateSpan]:
         today = datetime(moment.year, moment.month, moment.day, tzinfo=UTC)
         relative = functools.partial(_relative_span, today=today)
         readers += [(pattern, relative) for pattern in _RELATIVE_PATTERNS]
+        day_of_year = functools.partial(_day_of_year_span, today=today)
+        readers += [(pattern, day_of_year) for pattern in _DAY_OF_YEAR_PATTERNS]
+        readers.append((_WEEKDAY_PATTERN, functools.partial(_weekday_span, today=today)))
     for pattern, span_of in readers:
         for found in pattern.finditer(query):
             where = found.span()
@@ -163,6 +188,33 @@ def _relative_span(found: re.Match[str], today: datetime) -> DateSpan | None:
     return DateSpan(text=found.group(0), start=start, end=end, relative=True)
 
 
+def _day_of_year_span(found: re.Match[str], today: datetime) -> DateSpan | None:
+    """The latest date up to ``today`` of the day and month ``found`` names."""
+    if found["month"] == "may":
+        return None
+    month, day = MONTHS[found["month"].lower()], int(found["day"])
+    for year in (today.year, today.year - 1, today.year - 2, today.year - 3, today.year - 4):
+        try:
+            start = datetime(year, month, day, tzinfo=UTC)
+        except ValueError:  # 30 February; 29 February outside a leap year
+            continue
+        if start <= today:
+            return DateSpan(
+                text=found.group(0), start=start, end=start + timedelta(days=1), relative=True
+            )
+    return None
+
+
+def _weekday_span(found: re.Match[str], today: datetime) -> DateSpan:
+    """The day ``found`` ("on/last/this past <weekday>") names, ``today`` being the start
+    of the query's UTC day."""
+    back = (today.weekday() - _WEEKDAYS.index(found["weekday"].lower())) % 7
+    if back == 0 and found["weekday_which"].lower() != "on":
+        back = 7
+    start = today - timedelta(days=back)
+    return DateSpan(text=found.group(0), start=start, end=start + timedelta(days=1), relative=True)
+
+
 def _unit_span(unit: str, today: datetime, back: int) -> tuple[datetime, datetime]:
     """The calendar week (Monday on), weekend, month or year ``back`` of them before the
     one holding ``today``."""
@@ -183,7 +235,10 @@ def _unit_span(unit: str, today: datetime, back: int) -> tuple[datetime, datetim
 def _span(found: re.Match[str]) -> DateSpan | None:
     parts = found.groupdict()
     year = int(parts["year"])
-    month = MONTHS[parts["month"].lower()] if parts.get("month") else None
+    if parts.get("month_number"):
+        month: int | None = int(parts["month_number"])
+    else:
+        month = MONTHS[parts["month"].lower()] if parts.get("month") else None
     day = int(parts["day"]) if parts.get("day") else None
     try:
         if month is None:

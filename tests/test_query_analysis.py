@@ -95,6 +95,62 @@ def test_date_mentions_relative_to_the_time_asked(query: str, span: tuple[str, .
     assert (found.text, found.start.date().isoformat(), found.end.date().isoformat()) == span
 
 
+def test_date_mentions_read_iso_dates_not_their_year() -> None:
+    """Before, "2026-12-01" named the whole of 2026: every memory of the year was boosted."""
+    (day,) = date_mentions("what did i do on 2026-12-01?")
+    assert (day.text, day.start, day.end, day.relative) == (
+        "2026-12-01",
+        datetime(2026, 12, 1, tzinfo=UTC),
+        datetime(2026, 12, 2, tzinfo=UTC),
+        False,
+    )
+    (month,) = date_mentions("the invoices of 2026-11")
+    assert (month.start, month.end) == (
+        datetime(2026, 11, 1, tzinfo=UTC),
+        datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    assert date_mentions("2026-13-01 or 2026-02-30") == []  # no date, and not the year either
+    assert [s.text for s in date_mentions("the 2019-2020 season")] == ["2019", "2020"]
+
+
+@pytest.mark.parametrize(
+    ("query", "span"),
+    [
+        ("what did I do on Friday?", ("on Friday", "2026-12-04")),
+        ("what did I do on monday", ("on monday", "2026-12-07")),
+        ("last Tuesday", ("last Tuesday", "2026-12-01")),
+        ("last Monday", ("last Monday", "2026-11-30")),
+        ("this past Sunday", ("this past Sunday", "2026-12-06")),
+        ("on 1 December", ("1 December", "2026-12-01")),
+        ("the 1st of December", ("1st of December", "2026-12-01")),
+        ("Dec 1st", ("Dec 1st", "2026-12-01")),
+        ("since December 25", ("December 25", "2025-12-25")),
+        ("Feb 29", ("Feb 29", "2024-02-29")),
+        ("at 10:30 on May 3", ("May 3", "2026-05-03")),
+    ],
+)
+def test_date_mentions_read_weekdays_and_days_without_a_year(
+    query: str, span: tuple[str, str]
+) -> None:
+    """A weekday or a day of a month without its year is its latest date up to the day asked
+    (a Monday here), one UTC day with no slack."""
+    (found,) = date_mentions(query, MONDAY)
+    assert (found.text, found.start.date().isoformat()) == span
+    assert found.end - found.start == timedelta(days=1)
+    assert found.relative
+
+
+def test_weekdays_and_yearless_days_need_the_time_asked_and_the_month() -> None:
+    assert date_mentions("on Friday, Dec 1st") == []
+    assert date_mentions("may 7 people come?", MONDAY) == []  # the verb
+    assert date_mentions("what do I do on Fridays?", MONDAY) == []  # every Friday
+    assert date_mentions("Feb 30", MONDAY) == []
+    # A year written beside the day makes it a calendar date, which no slack-less day beats.
+    (calendar,) = date_mentions("May 3 2023", MONDAY)
+    assert (calendar.start, calendar.relative) == (datetime(2023, 5, 3, tzinfo=UTC), False)
+    assert date_mentions("May 3 1850", MONDAY) == []
+
+
 def test_relative_mentions_need_the_time_asked_and_yield_to_calendar_dates() -> None:
     assert date_mentions("What did I say yesterday?") == []
     assert date_mentions("1,000 days ago and 2.5 weeks ago", MONDAY) == []
