@@ -51,6 +51,8 @@ class _OpenPack(msgspec.Struct):
     worker: _WorkerLoop
     client: AsyncMemoryClient
     provider: EmbeddingProvider | None
+    settings: Settings | None
+    """The settings the first client passed (``None``: it passed none)."""
     users: int = 1
 
 
@@ -83,6 +85,11 @@ class _EmbeddedPacks:
                         f"{directory} is already open in this process with another embedding "
                         "provider; pass the same provider object or close the other client"
                     )
+                if settings is not None and not _same_settings(directory, settings, pack):
+                    raise ConfigurationError(
+                        f"{directory} is already open in this process with other settings; "
+                        "pass equal settings (or none) or close the other client"
+                    )
                 pack.users += 1
                 return pack
             worker = _WorkerLoop()
@@ -94,7 +101,7 @@ class _EmbeddedPacks:
             except BaseException:
                 worker.stop()
                 raise
-            pack = _OpenPack(worker=worker, client=client, provider=provider)
+            pack = _OpenPack(worker=worker, client=client, provider=provider, settings=settings)
             self._packs[key] = pack
             return pack
 
@@ -110,6 +117,13 @@ class _EmbeddedPacks:
             pack.worker.run(pack.client.close(), timeout_s)
         finally:
             pack.worker.stop()
+
+
+def _same_settings(directory: Path, settings: Settings, pack: _OpenPack) -> bool:
+    """Whether ``settings`` are those the open ``pack`` was given (the environment's, when
+    its first client passed none), the data directory aside."""
+    first = pack.settings if pack.settings is not None else Settings.from_env()
+    return settings.replace(data_dir=str(directory)) == first.replace(data_dir=str(directory))
 
 
 _PACKS = _EmbeddedPacks()

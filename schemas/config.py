@@ -271,6 +271,19 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     metrics: MetricsSettings = MetricsSettings()
     tracing: TracingSettings = TracingSettings()
 
+    def __post_init__(self) -> None:
+        # The constructor checks no types: ``Settings(scoring={"fusion": "rrf"})`` held a
+        # dict that every reader of ``settings.scoring`` would trip on, or ignore.
+        for field in msgspec.structs.fields(self):
+            default = field.default
+            value = getattr(self, field.name)
+            if isinstance(default, msgspec.Struct) and not isinstance(value, type(default)):
+                raise ConfigurationError(
+                    f"Settings({field.name}=...) takes a {type(default).__name__}, not "
+                    f"{type(value).__name__}: pass {type(default).__name__}(...), or a dict "
+                    f"to Settings().replace({field.name}=...) or Settings.from_env(...)"
+                )
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Settings from ``PRME_*`` variables (``PRME_SCORING__FUSION=weighted``).

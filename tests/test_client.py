@@ -13,6 +13,7 @@ import pytest
 
 from prme import AsyncMemoryClient, MemoryClient
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.schemas.config import ScoringSettings, Settings
 from prme.schemas.errors import ClientClosed, ConfigurationError
 
 
@@ -79,6 +80,62 @@ def test_clients_of_one_directory_share_one_engine(tmp_path: Path) -> None:
         assert [m.content for m in reopened.history("alice", "s")] == ["shared write"]
     finally:
         reopened.close()
+
+
+def test_a_second_client_with_other_settings_is_refused_not_silently_ignored(
+    tmp_path: Path,
+) -> None:
+    """From a new-user trial: a second MemoryClient of an open directory passing
+    ``settings=`` (fusion "rrf") got the first one's engine, and "zscore", without a word."""
+    provider = HashedBagOfWordsProvider()
+    rrf = Settings(scoring=ScoringSettings(fusion="rrf"))
+    first = MemoryClient(tmp_path / "pack", embedding_provider=provider)
+    try:
+        with pytest.raises(ConfigurationError, match="other settings"):
+            MemoryClient(tmp_path / "pack", settings=rrf)
+        same = MemoryClient(tmp_path / "pack", settings=Settings.from_env())
+        none = MemoryClient(tmp_path / "pack")  # no settings: whatever is open
+        same.close()
+        none.close()
+    finally:
+        first.close()
+    with MemoryClient(tmp_path / "pack", settings=rrf, embedding_provider=provider) as client:
+        client.store("one memory", user_id="alice")
+        assert client.retrieve("memory", user_id="alice").receipt.fusion == "rrf"
+        with MemoryClient(tmp_path / "pack", settings=rrf) as second:
+            assert second.engine is client.engine
+
+
+def test_an_async_client_used_from_a_second_event_loop_says_so(tmp_path: Path) -> None:
+    """From a new-user trial: a second ``asyncio.run`` with the same AsyncMemoryClient
+    failed with "<Condition> is bound to a different event loop", and ``close`` with
+    "Event loop is closed"."""
+    provider = HashedBagOfWordsProvider()
+    client = AsyncMemoryClient(tmp_path / "pack", embedding_provider=provider)
+    first_loop = asyncio.new_event_loop()
+    try:
+        first_loop.run_until_complete(client.store("first", user_id="u"))
+        with pytest.raises(ConfigurationError, match="another event loop"):
+            asyncio.run(client.store("second", user_id="u"))
+        with pytest.raises(ConfigurationError, match="one client per loop"):
+            asyncio.run(client.close())
+        first_loop.run_until_complete(client.close())  # in its own loop it closes
+    finally:
+        first_loop.close()
+
+    async def one_loop() -> list[str]:
+        async with AsyncMemoryClient(tmp_path / "other", embedding_provider=provider) as memory:
+            await memory.store("kept", user_id="u")
+            return [r.text for r in (await memory.retrieve("kept", user_id="u")).results]
+
+    assert asyncio.run(one_loop()) == ["kept"]
+
+
+def test_settings_refuse_a_dict_for_a_section() -> None:
+    """``Settings(scoring={"fusion": "rrf"})`` was accepted and held a dict."""
+    with pytest.raises(ConfigurationError, match=r"takes a ScoringSettings, not dict"):
+        Settings(scoring={"fusion": "rrf"})  # type: ignore[arg-type]
+    assert Settings().replace(scoring={"fusion": "rrf"}).scoring.fusion == "rrf"
 
 
 @pytest.mark.parametrize(
