@@ -57,8 +57,25 @@ class AsyncMemoryClient(MemoryBackend):
         self._backend: MemoryBackend | None = None
         self._closed = False
         self._lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _check_loop(self) -> None:
+        """ConfigurationError when called from another event loop than the first call's:
+        the engine's tasks and the HTTP connections belong to that loop (a second
+        ``asyncio.run`` failed with "bound to a different event loop")."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise ConfigurationError(
+                "this AsyncMemoryClient is used from another event loop than the one it was "
+                "first used in (each asyncio.run() starts a new loop): make one client per "
+                "loop, e.g. `async with AsyncMemoryClient(...) as memory:` inside it, or use "
+                "MemoryClient, which runs its own loop"
+            )
 
     async def _get(self) -> MemoryBackend:
+        self._check_loop()
         async with self._lock:
             if self._closed:  # opening it again would hold the directory with no owner
                 raise ClientClosed("this AsyncMemoryClient is closed: open a new one")
@@ -154,6 +171,8 @@ class AsyncMemoryClient(MemoryBackend):
         return await (await self._get()).erase_owner(user_id, wait=wait)
 
     async def close(self) -> None:
+        if self._backend is not None:
+            self._check_loop()
         async with self._lock:
             self._closed = True
             if self._backend is not None:

@@ -71,6 +71,13 @@ class DataDirLock:
             if holder is not None and holder[0] == os.getppid() and token == holder[2] != "":
                 _stop_with_holder(os.environ.pop(HOLDER_FD_ENV, None))
                 return cls(path, None, token)  # our parent's: it split the partitions among us
+            if holder is not None and holder[0] == os.getpid():
+                raise DataDirInUse(
+                    f"the data directory {str(directory)!r} is already open in this process "
+                    "(sync MemoryClients and the adapters of one directory share one engine; "
+                    "an AsyncMemoryClient or a MemoryEngine opens its own): use the client "
+                    "that holds it, or close it first"
+                ) from None
             who = f"pid {holder[0]} ({holder[1]})" if holder else "another process"
             raise DataDirInUse(
                 f"the data directory {str(directory)!r} is open in another process, {who}: "

@@ -56,8 +56,10 @@ def test_only_a_child_started_with_the_locks_token_shares_it(tmp_path: Path) -> 
             member = _open_in_child(tmp_path, lock.child_environment(), fds)
             assert member.returncode == 0, member.stdout + member.stderr
             assert member.stdout.strip() == "shared"
-        with pytest.raises(DataDirInUse, match="is open in another process"):
-            DataDirLock.acquire(tmp_path)  # not our parent's lock: ours, taken twice
+        # Not our parent's lock: ours, taken twice. (From a new-user trial: this said
+        # "open in another process, pid <this process>".)
+        with pytest.raises(DataDirInUse, match="is already open in this process"):
+            DataDirLock.acquire(tmp_path)
     finally:
         lock.release()
     assert _open_in_child(tmp_path, dict(os.environ)).stdout.strip() == "held"
