@@ -11,7 +11,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -137,19 +137,23 @@ def check_id(value: object, field: str, what: str | None = None) -> None:
 
 
 def check_content(
-    content: Any, tool_calls: Sequence[Any] = (), at: str = " - at $.content"
+    content: Any,
+    tool_calls: Sequence[Any] = (),
+    fields: Mapping[str, Any] | None = None,
+    at: str = " - at $.content",
 ) -> None:
     """InvalidInput if ``content`` shows nothing: empty, or text (blocks) of whitespace,
     control and invisible characters only (a memory with no text is never retrieved), unless
     the message carries ``tool_calls`` (an assistant turn that only calls tools has empty
-    content) or a block of another type than text (an image). ``at`` ends the message
-    (msgspec adds its own path)."""
-    if tool_calls or (content and not has_only_text(content)):
+    content), ``fields`` (a framework's own form of the message: a chat history keeps an
+    empty turn as it was said) or a block of another type than text (an image). ``at`` ends
+    the message (msgspec adds its own path)."""
+    if tool_calls or fields or (content and not has_only_text(content)):
         return
     if not content or not has_visible_text(message_text(content)):
         raise InvalidInput(
             "content must have a visible character (not only whitespace, control or "
-            f"invisible characters) unless the message has tool_calls{at}"
+            f"invisible characters) unless the message has tool_calls or fields{at}"
         )
 
 
@@ -362,7 +366,7 @@ class Producer:
         check_owner(fields["owner"])
         for name in ID_FIELDS:
             check_id(fields.get(name), name)
-        check_content(fields["content"], fields.get("tool_calls", ()))
+        check_content(fields["content"], fields.get("tool_calls", ()), fields.get("fields"))
         check_occurred_at(fields.get("occurred_at"))
         check_names(fields)
         for name in ("metadata", "fields"):

@@ -146,7 +146,7 @@ class HistoryMessageIn(Body, frozen=True, kw_only=True):
 
     content: str | list[dict[str, Any]]
     """Text or content blocks that show something (``check_content``) unless ``tool_calls``
-    is given."""
+    or ``fields`` is given."""
     role: Role = "user"
     name: NameField | None = None
     tool_call_id: NameField | None = None
@@ -159,7 +159,7 @@ class HistoryMessageIn(Body, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         # Decoding a body names the message's path; the producer applies the same rules.
-        check_content(self.content, self.tool_calls, at="")
+        check_content(self.content, self.tool_calls, self.fields, at="")
         check_occurred_at(self.occurred_at, at="")
 
     @classmethod

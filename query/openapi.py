@@ -85,8 +85,8 @@ def json_value_schema(schema_creator: SchemaCreator) -> Reference:
 class StrictBodySchemaPlugin(StructSchemaPlugin):
     """Request bodies in the OpenAPI document as the service decodes them: unknown fields
     are refused (``additionalProperties: false``), and a message's content shows something
-    (visible text, or a block of another type) unless it carries tool calls (the rule
-    ``check_content`` applies)."""
+    (visible text, or a block of another type) unless it carries tool calls or fields (the
+    rule ``check_content`` applies)."""
 
     def is_plugin_supported_field(self, field_definition: FieldDefinition) -> bool:
         return not field_definition.is_union and field_definition.is_subclass_of(Body)
@@ -128,5 +128,9 @@ class StrictBodySchemaPlugin(StructSchemaPlugin):
             schema.any_of = [
                 Schema(properties={"content": Schema(one_of=[text, blocks])}),
                 Schema(required=["tool_calls"], properties={"tool_calls": calls}),
+                Schema(
+                    required=["fields"],
+                    properties={"fields": Schema(type=OpenAPIType.OBJECT, min_properties=1)},
+                ),
             ]
         return schema

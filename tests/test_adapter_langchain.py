@@ -281,6 +281,31 @@ def test_every_message_class_round_trips_exactly(client: MemoryClient) -> None:
         assert back.model_dump() == original.model_dump()
 
 
+def test_empty_messages_round_trip_with_the_turn_they_are_in(client: MemoryClient) -> None:
+    """From a new-user trial: an empty reply (or tool result, or human message) was refused
+    ("content must have a visible character"), which RunnableWithMessageHistory only logs,
+    so the whole turn, the user's message included, was silently not stored."""
+    history = PRMEChatMessageHistory(client=client, user_id="alice", session_id="s")
+    turn: list[BaseMessage] = [
+        HumanMessage("say nothing"),
+        AIMessage(""),
+        HumanMessage(""),
+        ToolMessage("", tool_call_id="call-9"),
+        AIMessage(
+            "",
+            invalid_tool_calls=[
+                {"type": "invalid_tool_call", "name": "x", "args": "{", "id": "c", "error": "e"}
+            ],
+        ),
+        AIMessage(content=[]),
+    ]
+    history.add_messages(turn)
+    assert history.messages == turn
+    # Empty turns are kept in the history but are no memory: retrieval finds the text.
+    results = client.retrieve("say nothing", user_id="alice").results
+    assert [r.text for r in results] == ["say nothing"]
+
+
 def test_a_long_message_is_stored_once_and_round_trips(client: MemoryClient) -> None:
     """The serialized form in ``fields`` leaves the content to the record: a 20 KB message
     (over the 16 KB ``fields`` limit, under the 64 KB content limit) was refused."""

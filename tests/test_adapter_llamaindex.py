@@ -199,6 +199,20 @@ def test_messages_written_without_llamaindex_are_read_by_role(
     ]
 
 
+def test_empty_messages_are_kept(store: PRMEChatStore) -> None:
+    """From a new-user trial: ``ChatMessage(role="assistant", content=None)`` (or "") was
+    refused ("content must have a visible character")."""
+    messages = [
+        _user("hello"),
+        ChatMessage(role=MessageRole.ASSISTANT, content=None),
+        _assistant(""),
+        ChatMessage(role=MessageRole.TOOL, content="", additional_kwargs={"tool_call_id": "c"}),
+    ]
+    for message in messages:
+        store.add_message("alice:s", message)
+    assert store.get_messages("alice:s") == messages
+
+
 def test_set_messages_replaces_the_history(store: PRMEChatStore) -> None:
     store.set_messages("alice:s", [_user("one"), _assistant("two")])
     store.set_messages("alice:s", [_user("three")])
