@@ -98,7 +98,8 @@ def parse_key(key: str) -> tuple[str, str]:
 class PRMEChatStore(ClientAdapter, BaseChatStore):
     """LlamaIndex chat store over PRME histories, keyed ``"user_id:session_id"``.
 
-    Every change appends to the log: ``set_messages`` is an atomic replacement,
+    Every change appends to the log: ``set_messages`` appends the messages that extend the
+    stored history, and is an atomic replacement when they do not,
     ``delete_messages`` a clear marker, ``delete_message`` a deletion marker. The original
     messages stay readable through ``MemoryClient.get_event``. ``get_keys()`` lists the keys
     written through this instance: PRME has no cross-owner key listing.
@@ -130,9 +131,19 @@ class PRMEChatStore(ClientAdapter, BaseChatStore):
         return self._handle.client.history(user_id, session_id, scope=self.scope)
 
     def _replace(self, key: str, messages: list[ChatMessage]) -> None:
+        """Make ``messages`` the history: appended when they extend the stored history
+        (``ChatMemoryBuffer.set(get() + [new])``), an atomic replacement otherwise. Each
+        replacement writes every message again, and every copy stays a memory: set after
+        set, the retriever found "My dog is called Rex" four times."""
         user_id, session_id = parse_key(key)
-        drafts = [llamaindex_to_draft(m, user_id, session_id, self.scope) for m in messages]
-        self._handle.client.replace_history(user_id, session_id, drafts, scope=self.scope)
+        stored = self.get_messages(key)
+        kept = len(stored) if messages[: len(stored)] == stored else None
+        new = messages if kept is None else messages[kept:]
+        drafts = [llamaindex_to_draft(m, user_id, session_id, self.scope) for m in new]
+        if kept is None:
+            self._handle.client.replace_history(user_id, session_id, drafts, scope=self.scope)
+        elif drafts:
+            self._handle.client.add_messages(user_id, session_id, drafts, scope=self.scope)
         self._keys[key] = None
 
     def set_messages(self, key: str, messages: list[ChatMessage]) -> None:
@@ -142,7 +153,8 @@ class PRMEChatStore(ClientAdapter, BaseChatStore):
         return [message_to_llamaindex(m) for m in self._history(key)]
 
     def add_message(self, key: str, message: ChatMessage, idx: int | None = None) -> None:
-        """Append ``message``, or insert it at ``idx`` (an atomic replacement)."""
+        """Append ``message``, or insert it at ``idx`` (at the end: an append; before it: an
+        atomic replacement)."""
         if idx is not None:
             messages = self.get_messages(key)
             messages.insert(idx, message)

@@ -221,6 +221,30 @@ def test_set_messages_replaces_the_history(store: PRMEChatStore) -> None:
     assert store.get_messages("alice:s") == []
 
 
+def test_set_messages_that_extend_the_history_append_only_the_new_ones(
+    store: PRMEChatStore, client: MemoryClient
+) -> None:
+    """From a new-user trial: ``set_messages(key, get_messages(key) + [new])`` (what
+    ``ChatMemoryBuffer.set`` does) wrote every message again, and the retriever found "My
+    dog is called Rex" four times."""
+    store.set_messages("erin:a", [_user("My dog is called Rex"), _user("I work at Acme")])
+    for turn in range(3):
+        store.set_messages("erin:a", [*store.get_messages("erin:a"), _user(f"turn {turn}")])
+        store.set_messages("erin:a", store.get_messages("erin:a"))  # unchanged: no write
+    store.add_message("erin:a", _assistant("the end"), idx=5)  # at the end: an append
+    expected = ["My dog is called Rex", "I work at Acme", "turn 0", "turn 1", "turn 2"]
+    assert [m.content for m in store.get_messages("erin:a")] == [*expected, "the end"]
+    texts = [r.text for r in client.retrieve("dog Rex Acme turn", user_id="erin", top_k=20).results]
+    assert sorted(texts) == sorted([*expected, "the end"])
+    # A change before the end is still one atomic replacement.
+    store.add_message("erin:a", _assistant("inserted"), idx=1)
+    assert [m.content for m in store.get_messages("erin:a")][:3] == [
+        "My dog is called Rex",
+        "inserted",
+        "I work at Acme",
+    ]
+
+
 def test_add_message_appends_or_inserts_at_index(store: PRMEChatStore) -> None:
     store.add_message("alice:s", _user("one"))
     store.add_message("alice:s", _user("three"))
