@@ -69,6 +69,7 @@ from .pack_config import (
     LogIdentity,
     PackConfig,
     check_log_identity,
+    check_pack_directory,
     embedding_config_of,
     load_pack_config,
     save_pack_config,
@@ -178,6 +179,7 @@ class MemoryEngine(MemoryBackend):
         url_reached: bool = False,
     ) -> Self:
         data_dir = settings.data_path
+        check_pack_directory(data_dir)
         lock = DataDirLock.acquire(data_dir)
         try:
             return await cls._start_locked(

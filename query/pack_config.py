@@ -12,6 +12,7 @@ from typing import Literal
 
 import msgspec
 
+from prme.producers.factory import LOCAL_LOG_FILE
 from prme.projectors.embeddings.fastembed_provider import FastEmbedProvider
 from prme.projectors.embeddings.protocol import EmbeddingIdentity
 from prme.schemas.config import LogSettings
@@ -19,6 +20,25 @@ from prme.schemas.errors import ConfigurationError
 
 ProviderKind = Literal["fastembed", "custom"]
 PACK_FILE = "prme.json"
+PACK_MARKS = (PACK_FILE, "prme.lock", LOCAL_LOG_FILE, "shards")
+"""Names a pack directory holds from its first moments (the lock is taken first)."""
+
+
+def check_pack_directory(directory: Path) -> None:
+    """ConfigurationError when ``directory`` holds files but nothing of a pack: opening it
+    would scatter a pack's files among someone else's (a trial opened a source folder)."""
+    try:
+        entries = {entry.name for entry in os.scandir(directory)}
+    except (FileNotFoundError, NotADirectoryError):
+        return  # made anew, or refused with its own error when it is made
+    except OSError:
+        return  # the lock's attempt names what is wrong with the directory
+    if entries and not entries.intersection(PACK_MARKS):
+        shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ConfigurationError(
+            f"{directory} is not empty ({shown}) and holds no PRME pack: give a new or empty "
+            "directory for a new pack, or the directory of an existing one"
+        )
 
 
 class EmbeddingConfig(msgspec.Struct, frozen=True, kw_only=True):

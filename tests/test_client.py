@@ -131,6 +131,24 @@ def test_an_async_client_used_from_a_second_event_loop_says_so(tmp_path: Path) -
     assert asyncio.run(one_loop()) == ["kept"]
 
 
+def test_a_directory_of_other_files_is_not_made_a_pack(tmp_path: Path) -> None:
+    """From a new-user trial: ``MemoryClient("examples")`` scattered log.sqlite3, shards/,
+    prme.json ... among a folder's own files."""
+    folder = tmp_path / "examples"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigurationError, match=r"is not empty \(notes.txt\) and holds no PRME"):
+        MemoryClient(folder, embedding_provider=HashedBagOfWordsProvider())
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with MemoryClient(empty, embedding_provider=HashedBagOfWordsProvider()) as client:
+        client.store("a pack now", user_id="alice")
+    (empty / "notes.txt").write_text("a file beside a pack's own is no reason to refuse it")
+    with MemoryClient(empty, embedding_provider=HashedBagOfWordsProvider()) as client:
+        assert [m.content for m in client.history("alice", "default")] == ["a pack now"]
+
+
 def test_settings_refuse_a_dict_for_a_section() -> None:
     """``Settings(scoring={"fusion": "rrf"})`` was accepted and held a dict."""
     with pytest.raises(ConfigurationError, match=r"takes a ScoringSettings, not dict"):
