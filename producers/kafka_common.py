@@ -11,7 +11,12 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from prme.schemas.errors import AppendUnconfirmed, ConfigurationError, TransportError
+from prme.schemas.errors import (
+    AppendUnconfirmed,
+    ConfigurationError,
+    TransportError,
+    TransportUnavailable,
+)
 
 from .transport import LogEntry
 
@@ -22,7 +27,8 @@ async def bounded(
     awaitable: Awaitable[T], timeout_s: float, what: str, *, may_land: bool = False
 ) -> T:
     """Await with a deadline; Kafka errors and timeouts become :class:`TransportError`
-    (``may_land``: a timeout is :class:`AppendUnconfirmed`, records that stay queued)."""
+    (see :func:`transport_error`; ``may_land``: a timeout is :class:`AppendUnconfirmed`,
+    records that stay queued)."""
     try:
         return await asyncio.wait_for(awaitable, timeout_s)
     except TimeoutError as error:
@@ -32,9 +38,16 @@ async def bounded(
                 "records stay queued and may still be appended (a retry with the same "
                 "request_id is written once)"
             ) from error
-        raise TransportError(f"kafka: {what} timed out after {timeout_s:g}s") from error
+        raise TransportUnavailable(f"kafka: {what} timed out after {timeout_s:g}s") from error
     except KafkaError as error:
-        raise TransportError(f"kafka: {what} failed: {error!r}") from error
+        raise transport_error(what, error) from error
+
+
+def transport_error(what: str, error: KafkaError) -> TransportError:
+    """``error`` as PRME's: :class:`TransportUnavailable` when Kafka marks it retriable (a
+    broker down, a leader moving), else :class:`TransportError`."""
+    kind = TransportUnavailable if getattr(error, "retriable", False) else TransportError
+    return kind(f"kafka: {what} failed: {error!r}")
 
 
 async def stop_quietly(stop: Awaitable[Any], timeout_s: float) -> None:

@@ -11,7 +11,7 @@ from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 from prme.schemas.cluster import ClusterMap, MemberClaim
 from prme.schemas.errors import ConfigurationError, TransportError
 
-from .kafka_common import bounded, entry_of, stop_quietly
+from .kafka_common import bounded, entry_of, stop_quietly, transport_error
 from .kafka_membership import ClusterAssignor
 from .transport import LogConsumer, LogEntry, Membership, PartitionsCallback
 
@@ -162,7 +162,7 @@ class KafkaLogConsumer(LogConsumer):
                     await consumer.getmany(*others, timeout_ms=0, max_records=max_records)
                 )
         except KafkaError as error:
-            raise TransportError(f"kafka: poll failed: {error!r}") from error
+            raise transport_error("poll", error) from error
         return {
             tp.partition: [entry_of(record) for record in records]
             for tp, records in batches.items()

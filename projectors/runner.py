@@ -36,10 +36,12 @@ from prme.schemas.cluster import (
 )
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
+    AppendUnconfirmed,
     ConfigurationError,
     ConsistencyTimeout,
     ShardUnavailable,
     TransportError,
+    TransportUnavailable,
 )
 from prme.schemas.metrics import Metrics, transport_label
 
@@ -75,6 +77,12 @@ and writes). More only contend for the GIL (measured on a 20k pack before the ga
 once took 10.3-10.6 s and 4.2 s of system time in futex calls, 2 at once 8.6-9.3 s; the
 gate then took a 20k in-process rebuild from 16.8-17.4 s to 14.8-14.9 s, CPU 20.6 -> 15.4 s)."""
 POLL_S = 0.1
+TRANSIENT_ERRORS = (TransportUnavailable, AppendUnconfirmed)
+"""Log errors a later try can get past (a broker down, restarting or stalled): waited out
+and tried again, where every other error stops the projector."""
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 10.0
+"""The wait before trying again after a transient log error doubles up to this."""
 """How long a poll of the consumer waits for records. A rebalance lands during a poll,
 and a partition it assigns may need only a transaction marker stepped over to be served,
 which no poll returns: the loop notes positions at least this often."""
@@ -225,6 +233,8 @@ class ProjectorRunner:
         whole replay chunk."""
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self.retrying: BaseException | None = None
+        """The transient log error the projector is waiting out (None: it is not)."""
         self.known_log_ends: tuple[dict[int, int], float | None] = ({}, None)
         """The log ends a status read last, and when (monotonic): what ``/metrics`` and
         ``/v1/ready`` show, marked stale, while the log does not answer."""
@@ -724,13 +734,21 @@ class ProjectorRunner:
             size = self._batch_size
             per_record_s = 0.0
             # A failure an assignment met (``_refuse``) ends the loop too.
+            delay = RETRY_FIRST_S
             while not self._stopping and self._failure is None:
-                batches = await consumer.poll(size, POLL_S)
-                if batches:
-                    started = time.monotonic()
-                    await self._apply(batches)
-                    polled = sum(len(entries) for entries in batches.values())
-                    per_record_s = (time.monotonic() - started) / polled
+                try:
+                    batches = await consumer.poll(size, POLL_S)
+                    if batches:
+                        started = time.monotonic()
+                        await self._apply(batches)
+                        polled = sum(len(entries) for entries in batches.values())
+                        per_record_s = (time.monotonic() - started) / polled
+                except TRANSIENT_ERRORS as error:
+                    if self._stopping:
+                        raise
+                    delay = await self._wait_out(error, delay)
+                    continue
+                delay, self.retrying = RETRY_FIRST_S, None
                 await self._refresh_positions()
                 self._note_served()
                 size = next_batch_size(size, batches, self._batch_size, per_record_s)
@@ -748,6 +766,30 @@ class ProjectorRunner:
         # stay open and keep answering with what they applied.
         if not self._stopping and self.settings.log.transport == "kafka":
             await self._leave_group()
+
+    async def _wait_out(self, error: BaseException, delay: float) -> float:
+        """Wait ``delay`` after a transient log error; the next wait. The loop then polls
+        again and applies what the poll gives: after a failed apply, the same records (the
+        consumer is sought back to what each shard applied), which the models apply once.
+        Before, a changelog publish that timed out during a 30 s broker outage stopped the
+        projector for good, and a cluster whose brokers stalled lost every node so."""
+        self.retrying = error
+        label = transport_label(self.transport)
+        self.metrics.transport_errors.labels(label, "apply").inc()
+        _log.warning("the log failed for now: %r; trying again in %.1fs", error, delay)
+        await self._rewind()
+        await asyncio.sleep(delay)
+        return min(delay * 2, RETRY_MAX_S)
+
+    async def _rewind(self) -> None:
+        """Seek each owned partition back to the record after what its shard applied."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        async with self._apply_lock:
+            for partition, shard in list(self.shards.items()):
+                with contextlib.suppress(Exception):  # revoked meanwhile: sought afresh
+                    consumer.seek(partition, shard.applied_offset() + 1)
 
     async def _leave_group(self) -> None:
         """The projector failed: leave the consumer group, as a Kafka Streams thread that
@@ -787,11 +829,12 @@ class ProjectorRunner:
                 *(self._apply_shard(partition, entries) for partition, entries in batches.items()),
                 return_exceptions=True,
             )
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    raise outcome
+            # The partitions that applied report their dead letters even when another
+            # failed: a transient failure is tried again, and skips what was applied.
+            failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
             for dead in outcomes:
-                assert not isinstance(dead, BaseException)
+                if isinstance(dead, BaseException):
+                    continue
                 for letter in dead:
                     partition = letter.partition
                     self.dead_letter_count += 1
@@ -808,6 +851,8 @@ class ProjectorRunner:
                     )
                     if self._dead_letters is not None:
                         await send_dead_letter(self._dead_letters, letter)
+            if failed:  # one that stops the projector before one that is tried again
+                raise next((f for f in failed if not isinstance(f, TRANSIENT_ERRORS)), failed[0])
         async with self._progress:
             self._progress.notify_all()
 
@@ -821,6 +866,7 @@ class ProjectorRunner:
                 self.restores.append(await self.changelog.restore(partition))
                 _log.info("restored vectors %s", self.restores[-1])
             dead = await shard.apply(entries, self._encode)
+            self.retrying = None
         await self._notify()  # a write waiting on this partition need not wait for the poll
         if (takeover := self._takeovers.get(partition)) is not None:
             takeover.records += len(entries)

@@ -255,6 +255,8 @@ async def readiness(engine: MemoryEngine) -> Readiness:
         detail = "routing (serve-only)" if ok else "no cluster map from the group yet"
     elif (failure := projector_failure(runner)) is not None:
         ok, detail = False, failure
+    elif (retrying := runner.retrying) is not None:
+        ok, detail = False, f"the projector waits out a log error and tries again: {retrying!r}"
     elif (refusal := runner.refusal) is not None:
         ok, detail = False, f"the group gave this node no partitions: {refusal}"
     elif not shards:
@@ -547,10 +549,11 @@ def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[Any]:
             log.warning("request failed: %s", error)
         headers: dict[str, str] = {}
         written = getattr(error, "written", None)
-        if isinstance(error, ShardUnavailable) and not written:
+        if status == 503 and not written:
             # A write on the log is not to be sent again (without request ids it would be
             # written twice): its answer says what was written, and invites no resend.
-            headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+            retry_after_s = error.retry_after_s if isinstance(error, ShardUnavailable) else 1.0
+            headers["Retry-After"] = str(max(1, round(retry_after_s)))
         if isinstance(error, NotOwner):
             headers[NOT_OWNER_HEADER] = "1"
         if written:  # appended before it failed: say what is on the log

@@ -60,6 +60,11 @@ class TransportError(PRMEError):
     """The log transport failed (broker unreachable, file locked, ...)."""
 
 
+class TransportUnavailable(TransportError):
+    """The log did not answer in time, or answered with an error that passes (a broker
+    down or restarting, a partition's leader moving): the same call can succeed later."""
+
+
 class AppendUnconfirmed(TransportError):
     """The log did not confirm an append in time, and it may still take it: the records
     stay queued in the producer and reach the log if a broker takes them later (or, for

@@ -65,3 +65,42 @@ def test_a_history_body_refuses_a_message_of_another_history() -> None:
         HistoryWriteRequest.of("alice", "s", [draft], scope="default", wait=True, mismatch="belong")
     ok = HistoryWriteRequest.of("bob", "s", [draft], scope="default", wait=False, mismatch="x")
     assert ok.drafts() == [draft]
+
+
+def test_a_503_invites_a_retry_unless_something_was_written() -> None:
+    """From a Kafka fault trial: ``503 transport_unavailable`` ("nothing of it was written
+    (safe to send again)") came without the ``Retry-After`` HTTP.md promises."""
+    from prme.query.service import on_prme_error
+    from prme.schemas.errors import ShardUnavailable, TransportError, TransportUnavailable
+
+    for error in (
+        TransportError("kafka: atomic append timed out; nothing of it was written"),
+        TransportUnavailable("kafka: poll failed"),
+        ShardUnavailable("no node serves partition 4 yet"),
+    ):
+        response = on_prme_error(None, error)  # type: ignore[arg-type]
+        assert response.status_code == 503
+        assert response.headers["Retry-After"] == "1"
+    written = ShardUnavailable("appended, then the owner went away")
+    written.written = [{"event_id": "e"}]  # type: ignore[attr-defined]
+    assert "Retry-After" not in on_prme_error(None, written).headers  # type: ignore[arg-type]
+
+
+async def test_kafka_errors_that_pass_are_transient_and_the_others_are_not() -> None:
+    import asyncio
+
+    from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+
+    from prme.producers.kafka_common import bounded
+    from prme.schemas.errors import TransportError, TransportUnavailable
+
+    async def fails(error: Exception) -> None:
+        raise error
+
+    with pytest.raises(TransportUnavailable, match="timed out after 0.01s"):
+        await bounded(asyncio.sleep(1), 0.01, "changelog publish")
+    with pytest.raises(TransportUnavailable, match="KafkaConnectionError"):
+        await bounded(fails(KafkaConnectionError("broker down")), 1, "poll")
+    with pytest.raises(TransportError) as refused:
+        await bounded(fails(TopicAuthorizationFailedError()), 1, "poll")
+    assert not isinstance(refused.value, TransportUnavailable)

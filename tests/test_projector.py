@@ -184,3 +184,48 @@ async def test_an_apply_fault_that_is_not_the_records_stops_the_projector_withou
         assert first.token.offset == shard.models["history"].applied_offset()
     finally:
         await engine.close()
+
+
+async def test_a_transient_log_error_is_waited_out_and_the_batch_applied_once(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    """From a Kafka fault trial: a changelog publish that timed out while brokers were down
+    (``TransportUnavailable``) stopped the projector for good; two stalled brokers stopped
+    every node of a cluster. Now the projector says it is retrying, waits, reads the
+    partition again from what its shard applied, and applies every record once."""
+    from prme.query.service import readiness
+    from prme.schemas.errors import TransportUnavailable
+
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        await engine.store("before the outage", "alice")
+        shard = await engine.runner.shard_for("alice")
+        apply = shard.apply
+        faults = 2
+        seen_retrying: list[str] = []
+
+        async def flaky(entries: Any, encode: Any) -> Any:
+            nonlocal faults
+            if faults:
+                faults -= 1
+                if engine.runner.retrying is not None:
+                    seen_retrying.append((await readiness(engine)).detail)
+                raise TransportUnavailable("kafka: changelog publish timed out after 30s")
+            return await apply(entries, encode)
+
+        shard.apply = flaky  # type: ignore[method-assign]
+        written = await engine.store_many(
+            [MessageDraft(owner="alice", content=f"during the outage {i}") for i in range(3)]
+        )
+        assert faults == 0 and engine.runner.failure is None and engine.runner.retrying is None
+        assert seen_retrying and "waits out a log error and tries again" in seen_retrying[0]
+        assert (await readiness(engine)).ready
+        history = await engine.history("alice", "default")
+        assert [m.content for m in history] == [
+            "before the outage",
+            *(f"during the outage {i}" for i in range(3)),
+        ]
+        assert shard.applied_offset() == written[-1].token.offset
+        assert engine.runner.dead_letter_count == 0
+    finally:
+        await engine.close()
