@@ -16,10 +16,11 @@ import asyncio
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.structs import RecordMetadata
 
-from prme.schemas.errors import TransportError
+from prme.schemas.errors import AppendUnconfirmed, TransportError, TransportUnavailable
 
 from .transport import Position
 
@@ -98,6 +99,25 @@ async def enqueue_batches(
             )
     enqueued = EnqueuedBatches(len(records))
     open_batches: dict[int, tuple[BatchBuilder, list[int]]] = {}
+    sent = 0
+
+    async def send(batch: BatchBuilder, partition: int, indexes: list[int]) -> None:
+        nonlocal sent
+        try:
+            future = await producer.send_batch(batch, topic, partition=partition)
+        except KafkaError as error:  # no room in the producer's queue, a broker down ...
+            if sent:
+                raise AppendUnconfirmed(
+                    f"kafka: {sent} of the append's batches were enqueued before the next "
+                    f"could not be ({error!r}): they may still be appended (a retry with "
+                    "the same request_id is written once)"
+                ) from error
+            raise TransportUnavailable(
+                f"kafka: the append could not be enqueued ({error!r}): nothing was sent"
+            ) from error
+        sent += 1
+        enqueued.add(future, indexes)
+
     try:
         for index, (partition, key, value) in enumerate(records):
             held = open_batches.get(partition)
@@ -105,14 +125,14 @@ async def enqueue_batches(
                 held = open_batches[partition] = (producer.create_batch(), [])
             batch, indexes = held
             if batch.append(timestamp=None, key=key, value=value) is None:
-                enqueued.add(await producer.send_batch(batch, topic, partition=partition), indexes)
+                await send(batch, partition, indexes)
                 batch, indexes = producer.create_batch(), []
                 open_batches[partition] = (batch, indexes)
                 # An empty batch takes any first record (a larger one makes a batch of one).
                 batch.append(timestamp=None, key=key, value=value)
             indexes.append(index)
         for partition, (batch, indexes) in open_batches.items():
-            enqueued.add(await producer.send_batch(batch, topic, partition=partition), indexes)
+            await send(batch, partition, indexes)
     except BaseException:
         enqueued.abandon()  # the caller gets this error, not the positions
         raise

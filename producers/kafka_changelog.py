@@ -15,8 +15,9 @@ from typing import Any
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import OutOfOrderSequenceNumber, UnknownProducerId
 
-from prme.schemas.errors import ConfigurationError, TransportError
+from prme.schemas.errors import ConfigurationError, TransportError, TransportUnavailable
 
 from .kafka_batches import RECORD_BATCH_BYTES, enqueue_batches
 from .kafka_common import (
@@ -30,6 +31,8 @@ from .kafka_common import (
 from .kafka_topics import Replication, cluster_replication, create_topic
 
 CHANGELOG_SUFFIX = ".vectors"
+PRODUCER_STATE_LOST = (OutOfOrderSequenceNumber, UnknownProducerId)
+"""Errors after which an idempotent producer sends nothing more: it is replaced."""
 COMPACTED = {"cleanup.policy": "compact"}
 _FETCH_BYTES = 8 * 1024 * 1024
 
@@ -121,19 +124,7 @@ class KafkaChangelog:
                 f"{self._partitions}: the changelog must be co-partitioned"
             )
         try:
-            self._producer = await started(
-                AIOKafkaProducer(
-                    bootstrap_servers=self._bootstrap,
-                    client_id=self._client_id,
-                    enable_idempotence=True,
-                    acks="all",
-                    max_batch_size=RECORD_BATCH_BYTES,
-                    max_request_size=_FETCH_BYTES,
-                    request_timeout_ms=timeout_ms,
-                ),
-                self._timeout_s,
-                "changelog producer start",
-            )
+            self._producer = await self._started_producer()
             self._reader = await started(
                 standalone_reader(
                     self._bootstrap,
@@ -149,6 +140,21 @@ class KafkaChangelog:
         except BaseException:
             await self.close()
             raise
+
+    async def _started_producer(self) -> AIOKafkaProducer:
+        return await started(
+            AIOKafkaProducer(
+                bootstrap_servers=self._bootstrap,
+                client_id=self._client_id,
+                enable_idempotence=True,
+                acks="all",
+                max_batch_size=RECORD_BATCH_BYTES,
+                max_request_size=_FETCH_BYTES,
+                request_timeout_ms=int(self._timeout_s * 1000),
+            ),
+            self._timeout_s,
+            "changelog producer start",
+        )
 
     async def close(self) -> None:
         """Stop the producer and the reader; safe to call twice."""
@@ -174,8 +180,28 @@ class KafkaChangelog:
         self._check(partition)
         producer = self._require(self._producer)
         addressed = [(partition, key, value) for key, value in records]
-        enqueued = await enqueue_batches(producer, self._topic, addressed)
-        await bounded(enqueued.positions(), self._timeout_s, "changelog publish")
+        try:
+            enqueued = await enqueue_batches(producer, self._topic, addressed)
+            await bounded(enqueued.positions(), self._timeout_s, "changelog publish")
+        except TransportError as error:
+            if not isinstance(error.__cause__, PRODUCER_STATE_LOST):
+                raise
+            await self._renew_producer(producer)
+            raise TransportUnavailable(
+                f"{error}: the changelog producer is started anew, publish again"
+            ) from error
+
+    async def _renew_producer(self, broken: AIOKafkaProducer) -> None:
+        """Replace ``broken``, whose idempotence state the broker no longer accepts: its
+        batches that timed out during an outage left a gap in its sequence numbers, and
+        it fails every send after (aiokafka, unlike Kafka's Java producer, does not bump
+        its epoch). A new producer gets a new producer id."""
+        stop = broken.stop
+        if self._producer is not broken:
+            return  # renewed by a publish beside this one
+        self._producer = None
+        await stop_quietly(stop(), self._timeout_s)
+        self._producer = await self._started_producer()
 
     async def end_offset(self, partition: int) -> int:
         """The offset the next record of ``partition`` will get."""
