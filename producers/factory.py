@@ -104,4 +104,6 @@ def open_key_store(settings: Settings) -> KeyStore:
         return KafkaKeyStore(topic)
     from .keys import LocalKeyStore
 
-    return LocalKeyStore(settings.data_path / "keys.sqlite3")
+    return LocalKeyStore(
+        settings.data_path / "keys.sqlite3", log_path=settings.data_path / LOCAL_LOG_FILE
+    )

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import sqlite3
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from prme.schemas.sealing import DataKey, KeyRef, new_data_key
+from prme.schemas.errors import ConfigurationError
+from prme.schemas.sealing import DataKey, KeyRef, is_sealed, new_data_key
 
 from .sqlite_files import connect_wal
 from .sqlite_thread import SqliteThread
@@ -192,10 +195,15 @@ class LocalKeyStore(SqliteThread, CachingKeyStore):
 
     _what = "the key store"
 
-    def __init__(self, path: Path, *, write_ttl_s: float = WRITE_TTL_S) -> None:
+    def __init__(
+        self, path: Path, *, log_path: Path | None = None, write_ttl_s: float = WRITE_TTL_S
+    ) -> None:
+        """``log_path``: the log whose records these keys seal; a missing key file is
+        refused while it holds a sealed record."""
         SqliteThread.__init__(self)
         CachingKeyStore.__init__(self, write_ttl_s=write_ttl_s)
         self._path = Path(path)
+        self._log_path = log_path
 
     @property
     def path(self) -> Path:
@@ -205,6 +213,8 @@ class LocalKeyStore(SqliteThread, CachingKeyStore):
         await self._start_thread("prme-keys")
 
     def _open(self) -> None:
+        if not self._path.exists() and self._log_path is not None:
+            check_keys_not_lost(self._path, self._log_path)
         db = connect_wal(self._path)
         db.execute("PRAGMA synchronous=FULL")  # a key must outlive the records it sealed
         db.execute("PRAGMA secure_delete=ON")
@@ -263,3 +273,25 @@ class LocalKeyStore(SqliteThread, CachingKeyStore):
             db.execute("ROLLBACK")
             raise
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def check_keys_not_lost(path: Path, log_path: Path) -> None:
+    """ConfigurationError when the key file at ``path`` is missing while the log at
+    ``log_path`` holds a sealed record: a key store made anew would read every such record
+    as erased, silently (an operations trial copied a pack's log without its keys, and
+    audit, rebuild and retrieve showed everything erased, with the pack ready)."""
+    if not log_path.exists():
+        return
+    with contextlib.closing(sqlite3.connect(f"{log_path.as_uri()}?mode=ro", uri=True)) as log:
+        try:
+            values = log.execute("SELECT value FROM log")
+        except sqlite3.OperationalError:  # not a log yet
+            return
+        if not any(is_sealed(bytes(value)) for (value,) in values):
+            return  # written before records were sealed
+    raise ConfigurationError(
+        f"the key store {path} is missing, but the log {log_path} holds sealed records: "
+        "without their keys every one reads as erased. Put back the key store that was "
+        "backed up with this log (a pack is its log and its key store together); to read "
+        f"the records as erased on purpose, create an empty key store: touch {path}"
+    )

@@ -342,3 +342,40 @@ async def test_a_key_store_opened_while_another_process_writes_it_waits_its_turn
         release.join()
         await store.close()
         other.close()
+
+
+async def test_a_lost_key_store_beside_a_sealed_log_is_refused_not_read_as_erased(
+    tmp_path: Path,
+) -> None:
+    """From an operations trial: a pack's log copied without its ``keys.sqlite3`` opened
+    with a new, empty key store, and audit, rebuild and retrieve showed every record
+    erased while the node answered ready. An empty key file says it is meant."""
+    from prme import MemoryEngine
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+    from prme.schemas.errors import ConfigurationError
+
+    settings = Settings(data_dir=str(tmp_path / "pack"))
+    provider = HashedBagOfWordsProvider()
+    async with await MemoryEngine.create(settings=settings, embedding_provider=provider) as engine:
+        await engine.store("the vault code is 4321", "alice")
+    keys = tmp_path / "pack" / "keys.sqlite3"
+    for leftover in tmp_path.joinpath("pack").glob("keys.sqlite3*"):
+        leftover.unlink()
+    with pytest.raises(ConfigurationError, match=r"key store .* is missing, but the log"):
+        await MemoryEngine.open(settings=settings, embedding_provider=provider)
+    assert not keys.exists()
+    keys.touch()  # on purpose: read the records as erased
+    async with await MemoryEngine.open(settings=settings, embedding_provider=provider):
+        pass
+    # A log that holds no sealed record needs no key store.
+    plain = tmp_path / "plain"
+    async with await MemoryEngine.create(
+        settings=Settings(data_dir=str(plain)), embedding_provider=provider
+    ):
+        pass
+    for leftover in plain.glob("keys.sqlite3*"):
+        leftover.unlink()
+    async with await MemoryEngine.open(
+        settings=Settings(data_dir=str(plain)), embedding_provider=provider
+    ):
+        pass
