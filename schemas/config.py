@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -288,8 +289,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Settings from ``PRME_*`` variables (``PRME_SCORING__FUSION=weighted``).
 
-        Values that look like JSON objects or lists are parsed as JSON. ``overrides`` are
-        top-level fields (or nested dicts) applied last.
+        Values that look like JSON objects or lists are parsed as JSON; an empty value is
+        no value (the default stays). ``overrides`` are top-level fields (or nested dicts)
+        applied last.
         """
         environ = os.environ if environ is None else environ
         tree: dict[str, Any] = {}
@@ -303,13 +305,15 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 # are not settings; one shaped like a setting is a misspelt one.
                 _refuse_misspelt(cls, name)
                 continue
+            if raw == "":
+                continue  # set empty (PRME_API_KEY=): unset, as shells and compose files mean
             node = tree
             for part in path[:-1]:
                 node = node.setdefault(part, {})
                 if not isinstance(node, dict):
                     raise ConfigurationError(f"{name}: {part} is not a section")
             value: Any = raw
-            if raw[:1] in "{[":
+            if raw[:1] in ("{", "["):
                 try:
                     value = json.loads(raw)
                 except json.JSONDecodeError as error:
@@ -344,10 +348,16 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return Path(os.path.expanduser("~/.cache/prme/models"))
 
 
+_CLOSE = 0.85
+"""How alike (``difflib`` ratio) a variable's name and a top-level setting's are for the
+variable to be taken for that setting misspelt."""
+
+
 def _refuse_misspelt(cls: type[Settings], name: str) -> None:
     """ConfigurationError for a ``PRME_`` variable shaped like a setting that is none: a
-    section's key after one underscore instead of two (``PRME_LOG_TRANSPORT``), or an
-    unknown section before ``__`` (``PRME_LOGS__TRANSPORT``). Ignored, either one would
+    section's key after one underscore instead of two (``PRME_LOG_TRANSPORT``), an
+    unknown section before ``__`` (``PRME_LOGS__TRANSPORT``), or a top-level setting's name
+    misspelt (``PRME_DATADIR``). Ignored, either one would
     leave the default in place without a word (a node on the embedded log, not Kafka)."""
     rest = name[len("PRME_") :]
     sections = {
@@ -366,6 +376,15 @@ def _refuse_misspelt(cls: type[Settings], name: str) -> None:
         if key != lowered and key in {f.name for f in msgspec.structs.fields(section_type)}:
             raise ConfigurationError(
                 f"{name} is not a setting: did you mean PRME_{section.upper()}__{key.upper()}?"
+            )
+    # A top-level setting misspelt (PRME_DATADIR, PRME_DATA_DIRS) left a pack in ./memory.
+    for field in msgspec.structs.fields(cls):
+        if field.name in sections:
+            continue
+        close = difflib.SequenceMatcher(None, lowered, field.name).ratio() >= _CLOSE
+        if close or lowered.replace("_", "") == field.name.replace("_", ""):
+            raise ConfigurationError(
+                f"{name} is not a setting: did you mean PRME_{field.name.upper()}?"
             )
 
 

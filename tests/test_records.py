@@ -138,6 +138,10 @@ def test_unknown_or_invalid_settings_are_refused() -> None:
         ("PRME_QUERY_CONSISTENCY_TIMEOUT_S", "PRME_QUERY__CONSISTENCY_TIMEOUT_S"),
         ("PRME_LOGS__TRANSPORT", None),
         ("PRME_DATADIR__X", None),
+        # From an operations trial: these left a new pack in ./memory, exit 0.
+        ("PRME_DATADIR", "PRME_DATA_DIR"),
+        ("PRME_DATA_DIRS", "PRME_DATA_DIR"),
+        ("PRME_MODEL_DIR", "PRME_MODELS_DIR"),
     ],
 )
 def test_a_misspelt_setting_is_refused_not_ignored(name: str, meant: str | None) -> None:
@@ -150,6 +154,18 @@ def test_a_misspelt_setting_is_refused_not_ignored(name: str, meant: str | None)
         assert f"did you mean {meant}?" in str(refused.value)
     else:
         assert "sections:" in str(refused.value)
+
+
+def test_the_toolings_variables_are_not_taken_for_misspelt_settings() -> None:
+    tooling = ("KAFKA_BOOTSTRAP", "KAFKA_HEAP", "DATA_LOCK_TOKEN", "DATA_LOCK_HOLDER_FD", "PYTHON")
+    assert Settings.from_env({f"PRME_{name}": "1" for name in tooling}) == Settings()
+
+
+def test_an_empty_variable_is_no_value() -> None:
+    """From an operations trial: PRME_API_KEY= (or PRME_LOG__TOPIC=) failed with "invalid
+    JSON (Expecting value ...)": every string starts with ``""``."""
+    empty = {"PRME_API_KEY": "", "PRME_LOG__TOPIC": "", "PRME_CLUSTER__SECRET": ""}
+    assert Settings.from_env(empty) == Settings()
 
 
 def test_an_object_setting_given_as_plain_text_says_it_takes_json() -> None:
