@@ -71,7 +71,7 @@ async def remember_then_recall(session: ClientSession, **owner: str) -> None:
 async def test_stdio_tools_have_valid_schemas_from_the_http_types(tmp_path: Path) -> None:
     async with asyncio.timeout(BOUND_S):
         async with stdio_session(
-            "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
+            "--data-dir", str(tmp_path), errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr")
         ) as session:
             listed = {tool.name: tool for tool in (await session.list_tools()).tools}
     assert set(listed) == TOOLS
@@ -105,7 +105,7 @@ async def test_stdio_tools_have_valid_schemas_from_the_http_types(tmp_path: Path
 async def test_stdio_reads_its_writes_and_serves_history_and_receipts(tmp_path: Path) -> None:
     async with asyncio.timeout(BOUND_S):
         async with stdio_session(
-            "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
+            "--data-dir", str(tmp_path), errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr")
         ) as session:
             await remember_then_recall(session, user_id="alice")
             said = await call_ok(
@@ -176,7 +176,7 @@ async def test_stdio_bad_arguments_name_the_field_and_write_nothing(tmp_path: Pa
     ]
     async with asyncio.timeout(BOUND_S):
         async with stdio_session(
-            "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
+            "--data-dir", str(tmp_path), errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr")
         ) as session:
             await assert_refused(session, cases, {"invalid_input", "not_found"})
             history = await call_ok(session, "history", {"user_id": "alice"})
@@ -188,7 +188,7 @@ async def test_stdio_user_id_option_pins_the_owner(tmp_path: Path) -> None:
     pack = ["--data-dir", str(tmp_path)]
     async with asyncio.timeout(BOUND_S):
         async with stdio_session(
-            *pack, "--user-id", "alice", errlog=tmp_path / "mcp.stderr"
+            *pack, "--user-id", "alice", errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr")
         ) as session:
             tools = (await session.list_tools()).tools
             assert all("user_id" not in t.input_schema.get("required", []) for t in tools)
@@ -309,7 +309,9 @@ async def test_in_front_of_a_running_service(tmp_path: Path) -> None:
         with prme_serve(tmp_path / "pack", service_env) as service:
             env = clean_env(PRME_MCP__API_KEY="sk-svc-alice")
             front = ["--url", service, "--user-id", "alice"]
-            async with stdio_session(*front, env=env, errlog=tmp_path / "mcp.stderr") as session:
+            async with stdio_session(
+                *front, env=env, errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr")
+            ) as session:
                 await remember_then_recall(session)
                 refused = await session.call_tool("recall", {"query": "x", "user_id": "bob"})
                 assert refused.is_error and refused.structured_content["error"] == "forbidden"
@@ -319,7 +321,9 @@ async def test_in_front_of_a_running_service(tmp_path: Path) -> None:
             assert [m.content for m in history] == ["My sister Lena lives in Lisbon"]
             # An MCP server pinned to bob with alice's service key: the service refuses.
             wrong = ["--url", service, "--user-id", "bob"]
-            async with stdio_session(*wrong, env=env, errlog=tmp_path / "mcp.stderr") as session:
+            async with stdio_session(
+                *wrong, env=env, errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr")
+            ) as session:
                 refused = await session.call_tool("remember", {"content": "x"})
                 assert refused.is_error and refused.structured_content["error"] == "forbidden"
 
@@ -375,7 +379,7 @@ async def test_an_argument_too_long_for_a_url_is_invalid_input_not_a_protocol_er
                     await client.history("mo", huge)
             front = ["--url", service, "--user-id", "mo"]
             async with stdio_session(
-                *front, env=clean_env(), errlog=tmp_path / "mcp.stderr"
+                *front, env=clean_env(), errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr")
             ) as session:
                 result = await session.call_tool("history", {"session_id": huge})
                 assert result.is_error and result.structured_content["error"] == "invalid_input"
@@ -397,7 +401,7 @@ async def test_tool_arguments_are_checked_as_the_http_api_checks_them(tmp_path: 
     ]
     async with asyncio.timeout(BOUND_S):
         async with stdio_session(
-            "--data-dir", str(tmp_path), errlog=tmp_path / "mcp.stderr"
+            "--data-dir", str(tmp_path), errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr")
         ) as session:
             await assert_refused(session, cases, {"invalid_input"})
             with pytest.raises(MCPError, match=r"invalid_input.*\$\.session_id"):
@@ -405,7 +409,11 @@ async def test_tool_arguments_are_checked_as_the_http_api_checks_them(tmp_path: 
             with pytest.raises(MCPError, match=r"invalid_input.*\$\.user_id"):
                 await session.read_resource("prme://history/%20x%20/trip")
         async with stdio_session(
-            "--data-dir", str(tmp_path), "--user-id", "me", errlog=tmp_path / "mcp.stderr"
+            "--data-dir",
+            str(tmp_path),
+            "--user-id",
+            "me",
+            errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr"),
         ) as pinned:
             result = await pinned.call_tool("history", {"session_id": ""})
             assert result.is_error and result.structured_content["error"] == "invalid_input"
@@ -418,7 +426,11 @@ async def test_recall_says_how_many_matched_when_none_fit_the_token_budget(
 ) -> None:
     async with asyncio.timeout(BOUND_S):
         async with stdio_session(
-            "--data-dir", str(tmp_path), "--user-id", "mo", errlog=tmp_path / "mcp.stderr"
+            "--data-dir",
+            str(tmp_path),
+            "--user-id",
+            "mo",
+            errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr"),
         ) as session:
             await call_ok(session, "remember", {"content": "My cat is called Miso"})
             result = await session.call_tool("recall", {"query": "cat", "token_budget": 1})
@@ -437,7 +449,7 @@ async def test_receipts_never_outlive_their_owner_in_front_of_a_service(tmp_path
         with prme_serve(tmp_path / "pack", clean_env()) as service:
             front = ["--url", service, "--user-id", "bob"]
             async with stdio_session(
-                *front, env=clean_env(), errlog=tmp_path / "mcp.stderr"
+                *front, env=clean_env(), errlog=tmp_path.with_name(f"{tmp_path.name}-mcp.stderr")
             ) as session:
                 await call_ok(session, "remember", {"content": "Dr Kowalski sees me on Fridays"})
                 recalled = await call_ok(session, "recall", {"query": query})
