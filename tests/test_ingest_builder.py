@@ -475,3 +475,40 @@ def test_an_owner_named_star_is_refused() -> None:
     producer = Producer(LocalLogTransport(Path("/nonexistent/log.sqlite3"), 4))
     with pytest.raises(InvalidInput, match="may not be `\\*`"):
         message_from_line(json.dumps({"owner": "*", "content": "x"}), producer)
+
+
+def test_the_builder_worker_exits_when_ingest_is_killed() -> None:
+    """From an operations trial: after a kill -9 of ``prme ingest`` its builder worker was
+    reparented to init and waited for tasks forever (one still there 17 minutes later)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import time\n"
+        "from prme.producers.ingest_build import builder_process\n"
+        "pool = builder_process()\n"
+        "print(*pool._processes, flush=True)\n"  # the worker's pid
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        worker = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{worker}").exists() and "Z" not in _state(worker):
+            assert time.monotonic() < deadline, "the builder worker outlived its parent"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
