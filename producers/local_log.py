@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,7 +113,8 @@ class LocalLogTransport(SqliteThread):
                 )
             connection.execute("COMMIT")
         except BaseException:
-            connection.execute("ROLLBACK")
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
             connection.close()
             raise
         self._connection = connection
@@ -173,8 +175,16 @@ class LocalLogTransport(SqliteThread):
                     )
                 positions.append(Position(partition, offset))
             connection.execute("COMMIT")
-        except BaseException:
-            connection.execute("ROLLBACK")
+        except BaseException as error:
+            # SQLite rolls back by itself on some errors (a full disk): a second ROLLBACK
+            # raised "no transaction is active", which hid the cause.
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            if isinstance(error, sqlite3.OperationalError):
+                raise TransportError(
+                    f"the embedded log {self._path} could not be written ({error}): nothing "
+                    "of the append was written"
+                ) from error
             raise
         self.dedupe_hits += hits
         return positions

@@ -63,3 +63,30 @@ async def test_a_log_written_before_fingerprints_keeps_its_request_ids(tmp_path:
             await again.append(LogItem(b"alice", b"other", "alice\x1fr2", b"print-3"))
     finally:
         await again.close()
+
+
+async def test_a_full_disk_refuses_the_append_as_a_transport_error_that_names_it(
+    tmp_path: Path,
+) -> None:
+    """From an operations trial: with the disk full, ``POST /v1/memories`` answered ``500
+    internal: OperationalError`` and ``prme ingest`` died on "cannot rollback - no
+    transaction is active" (SQLite had rolled back already), which hid the cause. A full
+    database is made here with SQLite's own page limit."""
+    from prme.schemas.errors import TransportError
+
+    transport = LocalLogTransport(tmp_path / "log.sqlite3", 4)
+    await transport.start()
+    try:
+        await transport.append(LogItem(key=b"alice", value=b"fits"))
+        connection = transport._require_connection()
+        pages = connection.execute("PRAGMA page_count").fetchone()[0]
+        await transport._run(lambda: connection.execute(f"PRAGMA max_page_count={pages}"))
+        with pytest.raises(TransportError, match="database or disk is full.*nothing of"):
+            await transport.append_many(
+                [LogItem(key=f"o{i}".encode(), value=b"x" * 4000) for i in range(50)]
+            )
+        await transport._run(lambda: connection.execute("PRAGMA max_page_count=1073741823"))
+        written = await transport.append(LogItem(key=b"alice", value=b"after"))
+        assert written.offset == 1  # the refused append left nothing behind
+    finally:
+        await transport.close()
