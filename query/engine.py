@@ -42,6 +42,7 @@ from prme.schemas.config import Settings
 from prme.schemas.errors import (
     ConfigurationError,
     ConsistencyTimeout,
+    InvalidEmbedding,
     InvalidInput,
     NotFound,
     PRMEError,
@@ -710,17 +711,23 @@ def metrics_from(settings: Settings) -> Metrics:
 
 def default_provider(settings: Settings) -> EmbeddingProvider:
     """The default: all-MiniLM-L6-v2 int8 through FastEmbed, behind an LRU cache."""
-    return CachedEmbeddingProvider(
-        FastEmbedProvider(
-            settings.embedding.model,
-            dimension=settings.embedding.dimension,
+    embedding = settings.embedding
+    try:
+        provider = FastEmbedProvider(
+            embedding.model,
+            dimension=embedding.dimension,
             models_dir=settings.models_path,
-            batch_size=settings.embedding.batch_size,
-            threads=settings.embedding.threads,
-            query_threads=settings.embedding.query_threads,
-        ),
-        max_entries=settings.embedding.cache_entries,
-    )
+            batch_size=embedding.batch_size,
+            threads=embedding.threads,
+            query_threads=embedding.query_threads,
+        )
+    except InvalidEmbedding as error:  # settings, not code: say which ones
+        raise ConfigurationError(
+            f"embedding.model {embedding.model!r} (PRME_EMBEDDING__MODEL) cannot be used: "
+            f"{str(error).split(':')[0]}; give its dimension too (embedding.dimension, "
+            "PRME_EMBEDDING__DIMENSION), or a model fastembed knows"
+        ) from error
+    return CachedEmbeddingProvider(provider, max_entries=embedding.cache_entries)
 
 
 def _settings_for(directory: str | Path | None, settings: Settings | None) -> Settings:

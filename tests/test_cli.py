@@ -830,3 +830,19 @@ def test_erase_takes_an_owner_out_of_a_stopped_pack_and_through_a_running_servic
             headers={"Authorization": "Bearer sk-admin"},
         )
         assert history.status_code == 200 and history.json() == []
+
+
+def test_an_unknown_model_in_the_settings_is_a_configuration_error_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From an operations trial: PRME_EMBEDDING__MODEL naming a model fastembed does not
+    know printed a traceback ending in a Python-only hint (``FastEmbedProvider(...,
+    dimension=N)``) and exited 1."""
+    from prme.cli import main
+
+    monkeypatch.setenv("PRME_EMBEDDING__MODEL", "sentence-transformers/all-MiniLM-L6-v3")
+    code = main(["serve", "--data-dir", str(tmp_path / "pack"), "--port", "1"])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("prme serve: embedding.model 'sentence-transformers/all-MiniLM-L6-v3'")
+    assert "PRME_EMBEDDING__DIMENSION" in error and "Traceback" not in error
