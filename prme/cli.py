@@ -895,7 +895,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from prme.schemas.errors import ConfigurationError, TransportError
+    from prme.schemas.errors import ConfigurationError, PRMEError
 
     args = build_parser().parse_args(argv)
     try:
@@ -903,7 +903,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as error:  # bad settings, a held data dir: one line, no traceback
         print(f"prme {args.command}: {error}", file=sys.stderr)
         return 2
-    except TransportError as error:  # the log cannot be reached (a wrong --bootstrap)
+    except PRMEError as error:  # the log cannot be reached (a wrong --bootstrap), a shard held
         print(f"prme {args.command}: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -846,3 +846,24 @@ def test_an_unknown_model_in_the_settings_is_a_configuration_error_naming_them(
     error = capsys.readouterr().err.strip()
     assert error.startswith("prme serve: embedding.model 'sentence-transformers/all-MiniLM-L6-v3'")
     assert "PRME_EMBEDDING__DIMENSION" in error and "Traceback" not in error
+
+
+@pytest.mark.model
+async def test_a_prme_error_of_any_kind_is_one_line_not_a_traceback(
+    tmp_path: Path, default_model_dir: Path
+) -> None:
+    """From an operations trial: with ``prme.lock`` deleted under a running process,
+    ``prme rebuild`` got past the lock and stopped on the vector shard's own lock with a
+    60-line traceback (a ``ShardUnavailable``, neither a configuration nor a transport
+    error)."""
+    from prme import MemoryEngine
+    from prme.schemas.config import Settings
+
+    pack = tmp_path / "pack"
+    async with await MemoryEngine.create(settings=Settings(data_dir=str(pack))) as engine:
+        await engine.store("held by this process", "alice")
+        (pack / "prme.lock").unlink()
+        result = prme("rebuild", "--data-dir", str(pack))
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("prme rebuild: ")
+    assert "Traceback" not in result.stderr
