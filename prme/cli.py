@@ -247,7 +247,9 @@ async def _ingest(args: argparse.Namespace) -> int:
     if summary.stopped_at is not None:
         print(
             f"{args.file}: stopped at line {summary.stopped_at}: the lines before it are "
-            "written, none from it on (--on-error skip passes over bad lines)",
+            "written, none from it on (--on-error skip passes over bad lines; a rerun of the "
+            "whole file writes the lines before it again, applying once only those with a "
+            f"request_id: rerun from the line, tail -n +{summary.stopped_at} {args.file})",
             file=sys.stderr,
         )
     print(

@@ -96,6 +96,8 @@ def test_ingest_stops_at_the_first_bad_line_by_default(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"{source}:2:" in result.stderr and "role" in result.stderr
     assert "stopped at line 2" in result.stderr
+    # From an operations trial: a rerun of the fixed file wrote the first lines again.
+    assert f"rerun from the line, tail -n +2 {source}" in result.stderr
     summary = json.loads(result.stdout)
     assert (summary["written"], summary["skipped"], summary["stopped_at"]) == (1, 0, 2)
     # The line before the bad one is written, the one after it is not.
