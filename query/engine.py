@@ -73,6 +73,7 @@ from .pack_config import (
     check_pack_directory,
     embedding_config_of,
     load_pack_config,
+    remove_pack_config,
     save_pack_config,
 )
 from .retrieve import Retriever
@@ -220,12 +221,37 @@ class MemoryEngine(MemoryBackend):
                     log=LogIdentity.of(settings.log),
                 ),
             )
+            try:
+                return await cls._start_configured(
+                    settings, provider, metrics, url, catch_up, lock, url_reached
+                )
+            except BaseException:
+                # A first start that failed (a model that does not load) decides nothing:
+                # its pack file named that model, and the next start, with another model,
+                # built vectors the pack file did not describe (an operations trial).
+                remove_pack_config(data_dir)
+                raise
         else:
             checked = check_log_identity(data_dir, saved, settings.log)
             if checked is not saved:
                 save_pack_config(data_dir, checked)
             if saved.partitions != settings.log.partitions:
                 settings = settings.replace(log={"partitions": saved.partitions})
+        return await cls._start_configured(
+            settings, provider, metrics, url, catch_up, lock, url_reached
+        )
+
+    @classmethod
+    async def _start_configured(
+        cls,
+        settings: Settings,
+        provider: EmbeddingProvider,
+        metrics: Metrics | None,
+        url: str | None,
+        catch_up: bool,
+        lock: DataDirLock,
+        url_reached: bool,
+    ) -> Self:
         transport = open_transport(settings)
         dead_letters = open_dead_letters(settings)
         await transport.start()

@@ -108,6 +108,11 @@ def embedding_config_of(provider: object) -> EmbeddingConfig:
     )
 
 
+def remove_pack_config(directory: Path) -> None:
+    """Forget the pack file written by a first start that failed."""
+    (directory / PACK_FILE).unlink(missing_ok=True)
+
+
 def load_pack_config(directory: Path) -> PackConfig | None:
     path = directory / PACK_FILE
     if not path.exists():

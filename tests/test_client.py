@@ -248,3 +248,33 @@ def test_a_directory_below_a_file_is_a_configuration_error_naming_it(tmp_path: P
     with pytest.raises(ConfigurationError, match=f"{afile} is a file"):
         MemoryClient(afile / "sub", embedding_provider=HashedBagOfWordsProvider())
     assert afile.read_text() == "mine"
+
+
+async def test_a_first_start_that_fails_leaves_no_pack_file_deciding_the_pack(
+    tmp_path: Path,
+) -> None:
+    """From an operations trial: a first ``prme rebuild`` with a model that did not load
+    wrote ``prme.json`` naming that model; the next start, with the default one, built
+    vectors the pack file did not describe. A first start that fails decides nothing."""
+    from prme import MemoryEngine
+    from prme.query.pack_config import load_pack_config
+    from prme.schemas.config import Settings
+    from prme.schemas.errors import TransportError
+
+    pack = tmp_path / "pack"
+    unreachable = Settings(data_dir=str(pack)).replace(
+        log={"transport": "kafka", "bootstrap": "127.0.0.1:1", "request_timeout_s": 2}
+    )
+    with pytest.raises(TransportError):
+        await MemoryEngine.create(
+            settings=unreachable, embedding_provider=HashedBagOfWordsProvider()
+        )
+    assert load_pack_config(pack) is None
+    provider = HashedBagOfWordsProvider(dimension=32)
+    async with await MemoryEngine.create(
+        settings=Settings(data_dir=str(pack)), embedding_provider=provider
+    ):
+        pass
+    saved = load_pack_config(pack)
+    assert saved is not None and saved.embedding.dimension == 32
+    assert saved.log.transport == "local"
