@@ -262,6 +262,13 @@ class ClusterRouter:
                     "the partitions with `prme serve`"
                 )
             if remaining <= 0:
+                if (failure := self.runner.failure) is not None:
+                    # This node left the group: "rebalancing" promised a wait that ends.
+                    raise NotOwner(
+                        f"no node serves partition {partition}: this node's projector "
+                        f"stopped ({failure!r}) and no other member has taken it over; "
+                        f"waited {timeout_s:.1f}s"
+                    )
                 raise NotOwner(
                     f"no node serves partition {partition} yet (the group is rebalancing); "
                     f"waited {timeout_s:.1f}s"

@@ -4,6 +4,7 @@ healthy nodes, it keeps answering ``/v1/health`` and says why in ``/v1/ready`` a
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 
 from prme.projectors.embeddings.model_assets import MODEL_FILE, default_model_dir
 
@@ -144,3 +146,45 @@ def test_a_project_worker_whose_projector_fails_exits_for_its_supervisor(
     )
     assert project.returncode == 1, project.stderr
     assert "prme project: the projector stopped" in project.stderr, project.stderr
+
+
+async def test_a_lone_node_whose_projector_stopped_says_so_not_rebalancing(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """From a Kafka fault trial: once the only node's projector had stopped, every read
+    answered "no node serves partition N yet (the group is rebalancing)" with Retry-After,
+    a wait that never ends; it now names the stopped projector."""
+    from prme import MemoryEngine
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+    from prme.query.service import create_app
+    from prme.schemas.config import Settings
+    from prme.schemas.errors import ShardUnavailable
+
+    topic = f"lone-{uuid.uuid4().hex[:8]}"
+    settings = Settings(data_dir=str(tmp_path / "node")).replace(
+        log={"transport": "kafka", "bootstrap": kafka_bootstrap, "topic": topic},
+        cluster={"group": f"{topic}-group", "secret": "lone-secret"},
+        query={"consistency_timeout_s": 1.0},
+    )
+    engine = await MemoryEngine.open(
+        settings=settings,
+        embedding_provider=HashedBagOfWordsProvider(),
+        create_if_missing=True,
+        url="http://127.0.0.1:9",
+    )
+    try:
+        await engine.store("before the fault", "alice")
+        shard = await engine.runner.shard_for("alice")
+        # A real fault in one read model: its SQLite connection goes away under it.
+        await shard.run(lambda: shard.models["graph"]._db.close())  # type: ignore[attr-defined]
+        with pytest.raises(ShardUnavailable, match="projector stopped"):
+            await engine.store("after the fault", "alice")
+        await asyncio.wait_for(engine.runner.left_group.wait(), 30)
+        transport = httpx.ASGITransport(app=create_app(engine))
+        async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
+            read = await http.get("/v1/history", params={"user_id": "alice"})
+        assert read.status_code == 503, read.text
+        assert "this node's projector stopped" in read.json()["detail"], read.text
+        assert "rebalancing" not in read.text
+    finally:
+        await engine.close()
