@@ -282,7 +282,8 @@ def check_keys_not_lost(path: Path, log_path: Path) -> None:
     audit, rebuild and retrieve showed everything erased, with the pack ready)."""
     if not log_path.exists():
         return
-    with contextlib.closing(sqlite3.connect(f"{log_path.as_uri()}?mode=ro", uri=True)) as log:
+    read_only = f"{log_path.resolve().as_uri()}?mode=ro"  # a URI needs an absolute path
+    with contextlib.closing(sqlite3.connect(read_only, uri=True)) as log:
         try:
             values = log.execute("SELECT value FROM log")
         except sqlite3.OperationalError:  # not a log yet

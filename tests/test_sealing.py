@@ -379,3 +379,25 @@ async def test_a_lost_key_store_beside_a_sealed_log_is_refused_not_read_as_erase
         settings=Settings(data_dir=str(plain)), embedding_provider=provider
     ):
         pass
+
+
+async def test_a_new_pack_at_a_relative_path_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a review: the lost-key check made the log's URI from a relative path, which
+    pathlib refuses, so ``MemoryClient("./agent-memory")`` and the default ``./memory``
+    failed at their first open, and every open after."""
+    from prme import MemoryEngine
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(data_dir="./agent-memory")
+    provider = HashedBagOfWordsProvider()
+    async with await MemoryEngine.create(settings=settings, embedding_provider=provider) as engine:
+        await engine.store("a relative pack", "alice")
+    for leftover in Path("agent-memory").glob("keys.sqlite3*"):
+        leftover.unlink()
+    from prme.schemas.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="is missing, but the log"):
+        await MemoryEngine.open(settings=settings, embedding_provider=provider)
