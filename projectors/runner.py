@@ -782,14 +782,17 @@ class ProjectorRunner:
         return min(delay * 2, RETRY_MAX_S)
 
     async def _rewind(self) -> None:
-        """Seek each owned partition back to the record after what its shard applied."""
+        """Seek each owned partition back to the record after the last its shard processed
+        (applied or dead-lettered: from what the models applied, a dead letter at the end
+        was read and sent again at every retry). Every partition: a failed poll may have
+        taken records of partitions that did not fail."""
         consumer = self._consumer
         if consumer is None:
             return
         async with self._apply_lock:
             for partition, shard in list(self.shards.items()):
                 with contextlib.suppress(Exception):  # revoked meanwhile: sought afresh
-                    consumer.seek(partition, shard.applied_offset() + 1)
+                    consumer.seek(partition, shard.position + 1)
 
     async def _leave_group(self) -> None:
         """The projector failed: leave the consumer group, as a Kafka Streams thread that

@@ -229,3 +229,38 @@ async def test_a_transient_log_error_is_waited_out_and_the_batch_applied_once(
         assert engine.runner.dead_letter_count == 0
     finally:
         await engine.close()
+
+
+async def test_a_retry_does_not_read_a_dead_letter_again(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    """From a review: the retry sought each partition back to what its models applied,
+    which never passes a dead letter, so a partition ending in one sent it again at every
+    retry, even when another partition had failed."""
+    from prme.schemas.errors import TransportUnavailable
+
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        await engine.store("before", "alice")
+        await engine.runner.transport.append(LogItem(b"alice", b"\xc1 not msgpack"))
+        await engine.store("first", "bob")  # waits: alice's dead letter was applied first
+        assert engine.runner.dead_letter_count == 1
+        bob = await engine.runner.shard_for("bob")
+        assert bob is not await engine.runner.shard_for("alice")
+        apply, faults = bob.apply, 1
+
+        async def flaky(entries: Any, encode: Any) -> Any:
+            nonlocal faults
+            if faults:
+                faults -= 1
+                raise TransportUnavailable("kafka: changelog publish timed out after 30s")
+            return await apply(entries, encode)
+
+        bob.apply = flaky  # type: ignore[method-assign]
+        await engine.store("second", "bob")
+        assert faults == 0
+        assert [m.content for m in await engine.history("bob", "default")] == ["first", "second"]
+        assert engine.runner.dead_letter_count == 1
+        assert len(await dead_letters_of(local_settings)) == 1
+    finally:
+        await engine.close()
