@@ -22,6 +22,7 @@ from aiokafka.structs import RecordMetadata
 
 from prme.schemas.errors import AppendUnconfirmed, TransportError, TransportUnavailable
 
+from .kafka_common import passes
 from .transport import Position
 
 RECORD_BATCH_BYTES = 256 * 1024
@@ -112,7 +113,8 @@ async def enqueue_batches(
                     f"could not be ({error!r}): they may still be appended (a retry with "
                     "the same request_id is written once)"
                 ) from error
-            raise TransportUnavailable(
+            kind = TransportUnavailable if passes(error) else TransportError
+            raise kind(
                 f"kafka: the append could not be enqueued ({error!r}): nothing was sent"
             ) from error
         sent += 1

@@ -88,6 +88,9 @@ class KafkaChangelog:
         self._replication_factor = replication_factor
         self._min_insync = min_insync_replicas
         self._producer: AIOKafkaProducer | None = None
+        self._broken: AIOKafkaProducer | None = None
+        """The producer a publish found broken, until the next publish replaces it."""
+        self._renewal = asyncio.Lock()
         self._reader: AIOKafkaConsumer | None = None
         self._read_lock = asyncio.Lock()
         self.replication: Replication | None = None
@@ -159,7 +162,7 @@ class KafkaChangelog:
     async def close(self) -> None:
         """Stop the producer and the reader; safe to call twice."""
         clients: list[Any] = [self._reader, self._producer]
-        self._reader = self._producer = None
+        self._reader = self._producer = self._broken = None
         for client in clients:
             if client is not None:
                 await stop_quietly(client.stop(), self._timeout_s)
@@ -179,6 +182,8 @@ class KafkaChangelog:
             return
         self._check(partition)
         producer = self._require(self._producer)
+        if self._broken is not None:
+            producer = await self._renewed()
         addressed = [(partition, key, value) for key, value in records]
         try:
             enqueued = await enqueue_batches(producer, self._topic, addressed)
@@ -186,22 +191,36 @@ class KafkaChangelog:
         except TransportError as error:
             if not isinstance(error.__cause__, PRODUCER_STATE_LOST):
                 raise
-            await self._renew_producer(producer)
+            if self._broken is None and self._producer is producer:
+                self._broken = producer
             raise TransportUnavailable(
                 f"{error}: the changelog producer is started anew, publish again"
             ) from error
 
-    async def _renew_producer(self, broken: AIOKafkaProducer) -> None:
-        """Replace ``broken``, whose idempotence state the broker no longer accepts: its
-        batches that timed out during an outage left a gap in its sequence numbers, and
-        it fails every send after (aiokafka, unlike Kafka's Java producer, does not bump
-        its epoch). A new producer gets a new producer id."""
-        stop = broken.stop
-        if self._producer is not broken:
-            return  # renewed by a publish beside this one
-        self._producer = None
-        await stop_quietly(stop(), self._timeout_s)
-        self._producer = await self._started_producer()
+    async def _renewed(self) -> AIOKafkaProducer:
+        """The producer that replaces the broken one, started first (publishes beside the
+        renewal wait for it; one that fails to start is tried again by the next publish,
+        as a ``TransportUnavailable``), then the broken one stopped. Its idempotence state
+        is what the broker no longer accepts: batches that timed out during an outage left
+        a gap in its sequence numbers, and it fails every send after (aiokafka, unlike
+        Kafka's Java producer, does not bump its epoch); a new producer gets a new id."""
+        async with self._renewal:
+            broken = self._broken
+            if broken is None:  # renewed while this publish waited
+                return self._require(self._producer)
+            stop_broken = broken.stop  # (before the identity test below narrows ``broken``)
+            try:
+                fresh = await self._started_producer()
+            except TransportError as error:
+                raise TransportUnavailable(
+                    f"{error}: the changelog producer could not be started anew yet"
+                ) from error
+            if self._producer is not broken:  # closed meanwhile
+                await stop_quietly(fresh.stop(), self._timeout_s)
+                return self._require(self._producer)
+            self._producer, self._broken = fresh, None
+            await stop_quietly(stop_broken(), self._timeout_s)
+            return fresh
 
     async def end_offset(self, partition: int) -> int:
         """The offset the next record of ``partition`` will get."""

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from prme.schemas.errors import (
     AppendUnconfirmed,
@@ -44,10 +44,17 @@ async def bounded(
 
 
 def transport_error(what: str, error: KafkaError) -> TransportError:
-    """``error`` as PRME's: :class:`TransportUnavailable` when Kafka marks it retriable (a
-    broker down, a leader moving), else :class:`TransportError`."""
-    kind = TransportUnavailable if getattr(error, "retriable", False) else TransportError
+    """``error`` as PRME's: :class:`TransportUnavailable` when it :func:`passes`, else
+    :class:`TransportError`."""
+    kind = TransportUnavailable if passes(error) else TransportError
     return kind(f"kafka: {what} failed: {error!r}")
+
+
+def passes(error: KafkaError) -> bool:
+    """Whether the same call can succeed later: Kafka marks the error retriable (a broker
+    down, a leader moving), or it is aiokafka's own time-out (no room in the producer's
+    queue while no broker takes its batches), which it does not mark."""
+    return bool(getattr(error, "retriable", False)) or isinstance(error, KafkaTimeoutError)
 
 
 async def stop_quietly(stop: Awaitable[Any], timeout_s: float) -> None:

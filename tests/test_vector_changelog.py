@@ -139,3 +139,39 @@ async def test_vectors_of_sealed_records_are_sealed_with_their_owners_key(
         await keys.close()
         cache.close()
         writer_cache.close()
+
+
+async def test_a_producer_the_broker_lost_the_sequence_of_is_replaced_by_the_next_publish(
+    kafka_bootstrap: str,
+) -> None:
+    """From repeating a Kafka fault trial by hand: after a broker outage the changelog's
+    idempotent producer failed every publish with OutOfOrderSequenceNumber (its timed-out
+    batches left a gap), which stopped the projector. The failing publish is now a
+    ``TransportUnavailable`` the runner waits out, and the next publish starts a new
+    producer first, then stops the broken one. (The broker's refusal is injected into the
+    real producer: an outage that makes it happens only now and then.)"""
+    from aiokafka.errors import OutOfOrderSequenceNumber
+
+    from prme.schemas.errors import TransportUnavailable
+
+    log = KafkaChangelog(kafka_bootstrap, f"renew-{uuid.uuid4().hex[:8]}", 1, request_timeout_s=30)
+    await log.start()
+    try:
+        await log.publish(0, [(b"k1", b"before")])
+        broken = log._producer
+        assert broken is not None
+
+        async def refused(*args: object, **kwargs: object) -> object:
+            raise OutOfOrderSequenceNumber()
+
+        broken.send_batch = refused  # type: ignore[method-assign]
+        with pytest.raises(TransportUnavailable, match="started anew, publish again"):
+            await log.publish(0, [(b"k2", b"lost")])
+        await log.publish(0, [(b"k2", b"after")])  # a new producer
+        assert log._producer is not broken and log._producer is not None
+        assert broken._closed  # type: ignore[attr-defined]
+        end = await log.end_offset(0)
+        entries, _ = await log.read(0, 0, end)
+        assert [(e.key, e.value) for e in entries] == [(b"k1", b"before"), (b"k2", b"after")]
+    finally:
+        await log.close()
