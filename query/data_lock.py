@@ -71,7 +71,7 @@ class DataDirLock:
             if holder is not None and holder[0] == os.getppid() and token == holder[2] != "":
                 _stop_with_holder(os.environ.pop(HOLDER_FD_ENV, None))
                 return cls(path, None, token)  # our parent's: it split the partitions among us
-            if holder is not None and holder[0] == os.getpid():
+            if _held_here(path):
                 raise DataDirInUse(
                     f"the data directory {str(directory)!r} is already open in this process "
                     "(sync MemoryClients and the adapters of one directory share one engine; "
@@ -150,6 +150,24 @@ def _stop_with_holder(fd: str | None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="prme-holder-watch", daemon=True).start()
+
+
+def _held_here(path: Path) -> bool:
+    """Whether this process has the lock file at ``path`` open (on Linux, by its open
+    descriptors: the pid the holder wrote is 1 in every container sharing a volume)."""
+    try:
+        wanted = os.stat(path)
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for name in descriptors:
+        try:
+            found = os.stat(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (wanted.st_dev, wanted.st_ino):
+            return True
+    return False
 
 
 def _holder(fd: int) -> tuple[int, str, str] | None:

@@ -28,7 +28,12 @@ def check_pack_directory(directory: Path) -> None:
     """ConfigurationError when ``directory`` holds files but nothing of a pack: opening it
     would scatter a pack's files among someone else's (a trial opened a source folder)."""
     try:
-        entries = {entry.name for entry in os.scandir(directory)}
+        # A mount point's lost+found, a .gitkeep or .DS_Store hold no one's files.
+        entries = {
+            entry.name
+            for entry in os.scandir(directory)
+            if not entry.name.startswith(".") and entry.name != "lost+found"
+        }
     except (FileNotFoundError, NotADirectoryError):
         return  # made anew, or refused with its own error when it is made
     except OSError:

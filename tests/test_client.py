@@ -142,6 +142,9 @@ def test_a_directory_of_other_files_is_not_made_a_pack(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
     empty = tmp_path / "empty"
     empty.mkdir()
+    # From a review: a volume's lost+found or a .gitkeep does not make a directory taken.
+    (empty / "lost+found").mkdir()
+    (empty / ".gitkeep").touch()
     with MemoryClient(empty, embedding_provider=HashedBagOfWordsProvider()) as client:
         client.store("a pack now", user_id="alice")
     (empty / "notes.txt").write_text("a file beside a pack's own is no reason to refuse it")

@@ -63,3 +63,31 @@ def test_only_a_child_started_with_the_locks_token_shares_it(tmp_path: Path) -> 
     finally:
         lock.release()
     assert _open_in_child(tmp_path, dict(os.environ)).stdout.strip() == "held"
+
+
+def test_a_holder_with_this_processs_pid_elsewhere_is_another_process(tmp_path: Path) -> None:
+    """From a review: two containers sharing a volume are both pid 1, so a lock line naming
+    this process's pid does not make the holder this process."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom pathlib import Path\n"
+            "from prme.query.data_lock import DataDirLock\n"
+            "lock = DataDirLock.acquire(Path(sys.argv[1]))\nprint('held', flush=True)\n"
+            "time.sleep(60)\n",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        lock_file = next(tmp_path.glob("prme.lock"))
+        line = lock_file.read_text().split(" ", 1)[1]
+        lock_file.write_text(f"{os.getpid()} {line}")  # as another container's pid 1
+        with pytest.raises(DataDirInUse, match="is open in another process"):
+            DataDirLock.acquire(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
