@@ -77,15 +77,15 @@ and writes). More only contend for the GIL (measured on a 20k pack before the ga
 once took 10.3-10.6 s and 4.2 s of system time in futex calls, 2 at once 8.6-9.3 s; the
 gate then took a 20k in-process rebuild from 16.8-17.4 s to 14.8-14.9 s, CPU 20.6 -> 15.4 s)."""
 POLL_S = 0.1
+"""How long a poll of the consumer waits for records. A rebalance lands during a poll,
+and a partition it assigns may need only a transaction marker stepped over to be served,
+which no poll returns: the loop notes positions at least this often."""
 TRANSIENT_ERRORS = (TransportUnavailable, AppendUnconfirmed)
 """Log errors a later try can get past (a broker down, restarting or stalled): waited out
 and tried again, where every other error stops the projector."""
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 10.0
 """The wait before trying again after a transient log error doubles up to this."""
-"""How long a poll of the consumer waits for records. A rebalance lands during a poll,
-and a partition it assigns may need only a transaction marker stepped over to be served,
-which no poll returns: the loop notes positions at least this often."""
 STANDBY_ENCODE_AFTER_S = 10.0
 """A standby waits this long for its owner to publish more of a batch's vectors, then
 encodes the rest itself (an owner that publishes, however slowly, is waited for)."""
@@ -770,7 +770,7 @@ class ProjectorRunner:
     async def _wait_out(self, error: BaseException, delay: float) -> float:
         """Wait ``delay`` after a transient log error; the next wait. The loop then polls
         again and applies what the poll gives: after a failed apply, the same records (the
-        consumer is sought back to what each shard applied), which the models apply once.
+        consumer is sought back past what each shard processed), applied once.
         Before, a changelog publish that timed out during a 30 s broker outage stopped the
         projector for good, and a cluster whose brokers stalled lost every node so."""
         self.retrying = error
