@@ -620,12 +620,21 @@ def _status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if response.status_code != 200:
+    try:
+        status = response.json()
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):  # an HTML page was printed whole
         print(
-            f"prme status: {url} answered {response.status_code}: {response.text}", file=sys.stderr
+            f"prme status: {url} answered {response.status_code} with no PRME status: is it "
+            "a PRME service? (--url)",
+            file=sys.stderr,
         )
         return 1
-    status = response.json()
+    if response.status_code != 200:
+        detail = status.get("detail", response.text)
+        print(f"prme status: {url} answered {response.status_code}: {detail}", file=sys.stderr)
+        return 1
     if args.json:
         print(response.text)
     else:

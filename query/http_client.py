@@ -351,6 +351,11 @@ def error_from_response(response: httpx.Response) -> PRMEError:
         kind, detail = body.error, body.detail
     except msgspec.DecodeError:
         kind, detail = "", response.text[:500] or response.reason_phrase
+        if "html" in response.headers.get("content-type", ""):  # a proxy's or another site's
+            detail = (
+                f"{response.status_code} {response.reason_phrase}, an HTML page: not a PRME "
+                f"node's answer (is {response.request.url.join('/')} a PRME node?)"
+            )
     return error_of(kind, response.status_code, detail)
 
 

@@ -869,3 +869,30 @@ async def test_a_prme_error_of_any_kind_is_one_line_not_a_traceback(
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("prme rebuild: ")
     assert "Traceback" not in result.stderr
+
+
+def test_status_and_the_http_client_name_a_server_that_is_not_prme(tmp_path: Path) -> None:
+    """From an operations trial: ``prme status`` and ``prme erase`` against a server that
+    is not PRME printed its whole HTML page."""
+    import http.server
+    import threading
+
+    import httpx
+
+    from prme.query.http_client import error_from_response
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = prme("status", "--url", url)
+        assert result.returncode == 1
+        assert result.stderr.strip() == (
+            f"prme status: {url} answered 404 with no PRME status: is it a PRME service? (--url)"
+        )
+        page = httpx.delete(f"{url}/v1/owners", params={"user_id": "bob"})
+        said = str(error_from_response(page))
+        assert "an HTML page: not a PRME node's answer" in said and f"{url}/ a PRME" in said
+        assert "<" not in said
+    finally:
+        server.shutdown()
