@@ -186,9 +186,11 @@ async def _ingest(args: argparse.Namespace) -> int:
     from prme.producers.ingest import INGEST_BATCH, ingest_lines
     from prme.producers.ingest_build import BUILD_CHUNK, builder_process
     from prme.producers.producer import Producer
+    from prme.query.pack_config import check_pack_directory
     from prme.schemas.errors import RequestIdConflict
 
     settings = _settings(args)
+    check_pack_directory(settings.data_path)  # (before reading a file that may be large)
     total = None if args.file == "-" else sum(1 for _ in _read_lines(args.file))
     if not args.quiet and not _has_log(settings):  # a typo in --data-dir starts a new pack
         print(f"prme ingest: no PRME log in {settings.data_dir}: creating one", file=sys.stderr)
@@ -453,9 +455,11 @@ async def _project(settings: Settings, metrics_port: int | None = None) -> str |
     )
     from prme.query.data_lock import DataDirLock
     from prme.query.engine import default_provider
+    from prme.query.pack_config import check_pack_directory
     from prme.schemas.metrics import Metrics
     from prme.schemas.tracing import Tracing
 
+    check_pack_directory(settings.data_path)
     lock = DataDirLock.acquire(settings.data_path)
     transport, dead_letters = open_transport(settings), open_dead_letters(settings)
     await transport.start()

@@ -20,7 +20,7 @@ from prme.schemas.errors import ConfigurationError
 
 ProviderKind = Literal["fastembed", "custom"]
 PACK_FILE = "prme.json"
-PACK_MARKS = (PACK_FILE, "prme.lock", LOCAL_LOG_FILE, "shards")
+PACK_MARKS = (PACK_FILE, "prme.lock", LOCAL_LOG_FILE, "keys.sqlite3", "shards")
 """Names a pack directory holds from its first moments (the lock is taken first)."""
 
 

@@ -235,11 +235,15 @@ DATA_DIR_COMMANDS = [
 
 
 def check_refused_data_dir(
-    data_dir: Path, source: Path, expected: str, prefix: Sequence[str] = ()
+    data_dir: Path,
+    source: Path,
+    expected: str,
+    prefix: Sequence[str] = (),
+    commands: Sequence[list[str]] = DATA_DIR_COMMANDS,
 ) -> None:
     """Each command refuses ``data_dir`` in one line that names it and ``expected``, with
     exit status 2 (``prefix``: what runs the command, e.g. under a read-only mount)."""
-    for command in DATA_DIR_COMMANDS:
+    for command in commands:
         args = [str(source) if a == "IN" else a for a in command]
         result = subprocess.run(
             [*prefix, sys.executable, "-m", "prme.cli", *args, "--data-dir", str(data_dir)],
@@ -295,6 +299,23 @@ def test_a_data_dir_below_a_file_is_one_line_naming_it(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "in.jsonl", LINES)
     check_refused_data_dir(afile / "sub", source, f"{afile} is a file")
     assert afile.read_text() == "mine"
+
+
+def test_a_non_empty_directory_without_a_pack_is_refused_by_every_command(
+    tmp_path: Path,
+) -> None:
+    """Found by a new-user trial: ``serve`` and ``MemoryClient`` refused a directory of
+    someone else's files, but ``ingest`` and ``project`` wrote a pack among them."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    source = write_jsonl(tmp_path / "in.jsonl", LINES)
+    creators = [c for c in DATA_DIR_COMMANDS if c[0] not in ("audit", "rebuild")]
+    # (audit and rebuild create nothing: they say "no PRME log in" the directory)
+    check_refused_data_dir(
+        theirs, source, "is not empty (notes.txt) and holds no PRME pack", commands=creators
+    )
+    assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
 
 
 def test_ingest_reads_past_a_byte_order_mark_and_names_a_lone_surrogate(tmp_path: Path) -> None:
