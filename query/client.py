@@ -70,7 +70,9 @@ class AsyncMemoryClient(MemoryBackend):
             raise ConfigurationError(
                 "this AsyncMemoryClient is used from another event loop than the one it was "
                 "first used in (each asyncio.run() starts a new loop): make one client per "
-                "loop, e.g. `async with AsyncMemoryClient(...) as memory:` inside it, or use "
+                "loop and close it in that loop (`async with AsyncMemoryClient(...) as memory:` "
+                "inside it: a client holds its directory until it is closed, and closing it "
+                "from another loop cannot release it), or use "
                 "MemoryClient, which runs its own loop"
             )
 

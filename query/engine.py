@@ -751,7 +751,9 @@ def default_provider(settings: Settings) -> EmbeddingProvider:
         raise ConfigurationError(
             f"embedding.model {embedding.model!r} (PRME_EMBEDDING__MODEL) cannot be used: "
             f"{str(error).split(':')[0]}; give its dimension too (embedding.dimension, "
-            "PRME_EMBEDDING__DIMENSION), or a model fastembed knows"
+            "PRME_EMBEDDING__DIMENSION), or a model fastembed knows; a model fastembed does "
+            "not know must also be registered in Python with TextEmbedding.add_custom_model "
+            "before the client opens, so from the command line only fastembed's own work"
         ) from error
     return CachedEmbeddingProvider(provider, max_entries=embedding.cache_entries)
 

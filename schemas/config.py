@@ -281,7 +281,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if isinstance(default, msgspec.Struct) and not isinstance(value, type(default)):
                 raise ConfigurationError(
                     f"Settings({field.name}=...) takes a {type(default).__name__}, not "
-                    f"{type(value).__name__}: pass {type(default).__name__}(...), or a dict "
+                    f"{type(value).__name__}: pass {type(default).__module__}."
+                    f"{type(default).__name__}(...), or a dict "
                     f"to Settings().replace({field.name}=...) or Settings.from_env(...)"
                 )
 

@@ -869,6 +869,7 @@ def test_an_unknown_model_in_the_settings_is_a_configuration_error_naming_them(
     error = capsys.readouterr().err.strip()
     assert error.startswith("prme serve: embedding.model 'sentence-transformers/all-MiniLM-L6-v3'")
     assert "PRME_EMBEDDING__DIMENSION" in error and "Traceback" not in error
+    assert "add_custom_model" in error  # (a dimension alone does not make a model loadable)
 
 
 @pytest.mark.model
