@@ -154,7 +154,9 @@ def test_a_directory_of_other_files_is_not_made_a_pack(tmp_path: Path) -> None:
 
 def test_settings_refuse_a_dict_for_a_section() -> None:
     """``Settings(scoring={"fusion": "rrf"})`` was accepted and held a dict."""
-    with pytest.raises(ConfigurationError, match=r"not dict: pass prme.schemas.config.ScoringSettings\("):
+    with pytest.raises(
+        ConfigurationError, match=r"not dict: pass prme.schemas.config.ScoringSettings\("
+    ):
         Settings(scoring={"fusion": "rrf"})  # type: ignore[arg-type]
     assert Settings().replace(scoring={"fusion": "rrf"}).scoring.fusion == "rrf"
 
