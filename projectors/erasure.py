@@ -118,10 +118,13 @@ class Forgetting:
             await asyncio.to_thread(cache.add_owners, self._identity, _refs(after))
 
     async def resume(self, shard: Shard) -> None:
-        """Finish a purge a crash interrupted (the shard's models are open)."""
+        """Finish a purge a crash interrupted, or make a rewrite a store is due since an
+        earlier version (the shard's models are open)."""
         pending = _read_pending(shard.directory)
         if pending:
             await self._purge(shard, pending)
+        elif any(getattr(model, "rewrite_due", False) for model in shard.models.values()):
+            await self._rewrite(shard)
 
     async def _purge(self, shard: Shard, owners: list[str]) -> None:
         for owner in owners:
@@ -131,9 +134,15 @@ class Forgetting:
                 self._queries.forget_owner(owner)
         if self._cache is not None:
             await asyncio.to_thread(self._cache.drop_owners, owners)
-        models = list(shard.models.values())
-        await shard.run(purge_models, models, owners)
-        for model in models:  # beside the shard's thread: its searches go on
+        await shard.run(purge_models, list(shard.models.values()), owners)
+        await self._rewrite(shard)
+        (shard.directory / ERASURES_PENDING).unlink(missing_ok=True)
+        self.purges += 1
+
+    @staticmethod
+    async def _rewrite(shard: Shard) -> None:
+        """Each model's rewrite that is due, beside the shard's thread (its searches go on)."""
+        for model in list(shard.models.values()):
             rewrite = getattr(model, "rewrite_if_due", None)
             if callable(rewrite):
                 try:
@@ -144,8 +153,6 @@ class Forgetting:
                     raise ShardUnavailable(
                         f"partition {shard.partition} closed during its erasure's purge"
                     ) from None
-        (shard.directory / ERASURES_PENDING).unlink(missing_ok=True)
-        self.purges += 1
 
 
 def _refs(items: Iterable[ProjectedRecord]) -> list[tuple[str, str]]:

@@ -10,6 +10,8 @@ other channels.
 from __future__ import annotations
 
 import asyncio
+import glob
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -388,11 +390,15 @@ class Shard:
 
 
 def replace_model_directory(live: Path, staged: Path) -> None:
-    """Swap ``staged`` in for ``live`` (rename is atomic on one file system)."""
+    """Swap ``staged`` in for ``live`` (rename is atomic on one file system), with the
+    files beside it that belong to it (its name and a suffix: ``vector.rewrites``)."""
     retired = live.with_name(live.name + RETIRED_SUFFIX)
     if retired.exists():
         shutil.rmtree(retired)
     if live.exists():
         live.rename(retired)
     staged.rename(live)
+    for companion in staged.parent.glob(f"{glob.escape(staged.name)}.*"):
+        if companion.is_file():
+            os.replace(companion, live.with_name(companion.name))
     shutil.rmtree(retired, ignore_errors=True)

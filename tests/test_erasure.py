@@ -385,6 +385,45 @@ async def test_a_purge_a_crash_interrupted_runs_when_the_shard_opens_again(
         await reopened.close()
 
 
+async def test_a_vector_store_made_before_erasures_rewrote_it_is_rewritten_when_it_opens(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an upgrade trial: an owner erased by a version that deleted the points
+    without rewriting the shard kept their vectors in its files after the upgrade, and
+    erasing the owner again deleted no point, so it rewrote nothing."""
+    from prme.projectors.stores.vector_edge import EdgeVectorModel
+
+    data_dir = local_settings.data_path
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    alice, bob = markers()
+    try:
+        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+        vectors = owner_vectors(engine, "alice", but_not=BOB)
+        with monkeypatch.context() as patched:  # what that version did: no rewrite
+            patched.setattr(EdgeVectorModel, "rewrite_if_due", lambda self: False)
+            await engine.erase_owner("alice")
+    finally:
+        await engine.close()
+    for mark in data_dir.glob("shards/p*/vector.rewrites"):
+        mark.unlink()  # made before the mark existed
+    assert files_holding_vectors(data_dir, vectors)
+    reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        assert files_holding_vectors(data_dir, vectors) == []
+        marks = sorted(data_dir.glob("shards/p*/vector.rewrites"))
+        assert [m.parent for m in marks] == sorted(
+            p.parent for p in data_dir.glob("shards/p*/vector")
+        )
+        await check_bob_intact(reopened, bob)
+        for mark in marks:
+            mark.unlink()
+        await reopened.rebuild(models=["vector"])  # a rebuilt store is one that rewrites
+        assert sorted(data_dir.glob("shards/p*/vector.rewrites")) == marks
+        assert not list(data_dir.glob("shards/p*.rebuild"))
+    finally:
+        await reopened.close()
+
+
 async def test_a_pack_written_before_sealing_stays_readable_and_its_models_still_forget(
     local_settings: Settings, hashed_provider: Any
 ) -> None:

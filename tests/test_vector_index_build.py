@@ -45,6 +45,12 @@ POLICY = IndexPolicy(threshold=THRESHOLD, full_scan_threshold_kb=1)
 WAIT_S = 60.0
 
 
+def directories(parent: Path) -> list[str]:
+    """What ``parent`` holds, stores' rewrite marks (``p0.rewrites``) aside: no build copy
+    or retired shard is left."""
+    return sorted(p.name for p in parent.iterdir() if not p.name.endswith(".rewrites"))
+
+
 def unit(rng: random.Random) -> list[float]:
     return [rng.gauss(0.0, 1.0) for _ in range(DIM)]
 
@@ -142,7 +148,7 @@ def test_past_the_threshold_the_index_is_swapped_in_with_the_writes_made_meanwhi
     apply(after, indexed, reference)
     assert found_by_own_vector(indexed, after)
     assert indexed.digest() == reference.digest()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p0", "reference"]
+    assert directories(tmp_path) == ["p0", "reference"]
 
     indexed.close()
     reopened = EdgeVectorModel(tmp_path / "p0", IDENTITY, POLICY)
@@ -223,7 +229,7 @@ def test_a_killed_build_leaves_the_shard_as_it_was_and_a_later_build_succeeds(
     assert killed
     status = indexed.index_status()
     assert status is not None and status.indexed == 0 and not status.building
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p0", "reference"]
+    assert directories(tmp_path) == ["p0", "reference"]
     assert searches(indexed) == searches(reference)
     assert indexed.digest() == reference.digest()
 
@@ -316,7 +322,7 @@ def test_leftovers_of_a_crash_are_removed_or_undone_on_open(tmp_path: Path) -> N
     shutil.copytree(live, retired)
     with EdgeVectorModel(live, IDENTITY, POLICY) as model:
         assert model.digest() == digest
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p0"]
+    assert directories(tmp_path) == ["p0"]
 
     # Killed between the swap's two renames: the live directory is gone (the opener makes
     # an empty one), its predecessor is complete.
@@ -325,7 +331,7 @@ def test_leftovers_of_a_crash_are_removed_or_undone_on_open(tmp_path: Path) -> N
     with EdgeVectorModel(live, IDENTITY, POLICY) as model:
         assert model.digest() == digest
         assert model.count() == 100
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p0"]
+    assert directories(tmp_path) == ["p0"]
 
 
 _BUILDING_PROCESS = textwrap.dedent(
@@ -399,7 +405,7 @@ def test_a_process_killed_during_a_build_leaves_its_shard_intact(tmp_path: Path)
     with EdgeVectorModel(live, IDENTITY) as model:
         assert model.digest() == expected
         assert model.count() == THRESHOLD
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p0", "reference"]
+    assert directories(tmp_path) == ["p0", "reference"]
 
 
 async def test_an_engine_past_the_threshold_indexes_its_shard_and_rebuild_keeps_digests(

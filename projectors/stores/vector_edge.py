@@ -128,6 +128,18 @@ def _index_fields(shard: EdgeShard) -> None:
         shard.update(UpdateOperation.create_field_index(field, PayloadSchemaType.Keyword))
 
 
+def rewrites_mark(path: Path) -> Path:
+    """Beside the store at ``path``: present once the store is one an erasure rewrites.
+    A store made before erasures rewrote the shard (2026-12-07) may hold the vectors of
+    owners erased back then, and of deleted messages, in its files; it has no mark, so it
+    is rewritten once when it opens (the shard's opening waits for it)."""
+    return path.with_name(path.name + ".rewrites")
+
+
+def _mark_rewrites(path: Path) -> None:
+    rewrites_mark(path).touch()
+
+
 def _match(key: str, value: str) -> FieldCondition:
     return FieldCondition(key, match=MatchValue(value))
 
@@ -155,13 +167,17 @@ class EdgeVectorModel(VectorModelBase):
         """Batches written (a rewrite's copy is made again if one came meanwhile)."""
         self._rewrite_due = (path.parent / ERASURES_PENDING).exists()
         """Deleted points may hold vectors in the files: the next purge rewrites the shard
-        (at open: when the shard's purge is pending, which a crash interrupted)."""
+        (at open: when the shard's purge is pending, which a crash interrupted, or when
+        the store was made by a version that did not rewrite: see :func:`rewrites_mark`)."""
         self._primer: threading.Thread | None = None
         try:
             remove_leftovers(path)
             self._tracking = self._read_tracking()
             if self._tracking is None:
                 self._initialise()
+                _mark_rewrites(path)
+            elif not rewrites_mark(path).exists():
+                self._rewrite_due = True
             if index is not None and self._tracking is not None and not self.identity_mismatch:
                 dimension = self._tracking.identity.dimension
                 self._builder = IndexBuilder(self._live, dimension, index, special_points=1)
@@ -385,6 +401,7 @@ class EdgeVectorModel(VectorModelBase):
                     self._copy_points(staged)  # (the lock is reentrant: held throughout)
                 self._live.replace(staged)
                 self._rewrite_due = False
+                _mark_rewrites(self._path)
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
@@ -452,6 +469,11 @@ class EdgeVectorModel(VectorModelBase):
         where = Filter(must=must, must_not=[HasIdCondition({_TRACKING_ID})])
         with self._live.lock:
             return int(self._shard.count(CountRequest(exact=True, filter=where)))
+
+    @property
+    def rewrite_due(self) -> bool:
+        """Whether the next purge, or the shard's opening, rewrites the shard."""
+        return self._rewrite_due
 
     @property
     def search_beside(self) -> bool:
