@@ -41,7 +41,13 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prme.projectors.embeddings.protocol import EmbeddingProvider
-from prme.query.auth import ADMIN, ApiKeys, Caller, check_bind_safety
+from prme.query.auth import (
+    ADMIN,
+    ApiKeys,
+    Caller,
+    check_bind_safety,
+    refuse_repeated_credentials,
+)
 from prme.query.client import AsyncMemoryClient
 from prme.query.http_types import check_ids
 from prme.query.listening import listen
@@ -239,6 +245,7 @@ class ApiKeyGate:
         if scope["type"] == "http":
             headers = Headers(scope=scope)
             try:
+                refuse_repeated_credentials(scope["headers"])
                 caller = self.keys.authenticate(
                     headers.get("authorization"), headers.get("x-api-key")
                 )

@@ -17,9 +17,38 @@ import msgspec
 from prme.schemas.config import ServiceSettings
 from prme.schemas.errors import ConfigurationError, Forbidden, Unauthenticated
 
+from .http_types import CALLER_HEADER, OPEN_ENTRY_HEADER, SECRET_HEADER
+
 ADMIN = "*"
 
-__all__ = ["ADMIN", "ApiKeys", "Caller", "Unauthenticated", "check_bind_safety", "is_loopback"]
+AUTHENTICATING_HEADERS = frozenset(
+    {"authorization", "x-api-key", SECRET_HEADER, CALLER_HEADER, OPEN_ENTRY_HEADER}
+)
+"""The headers that say who a request comes from (lower-case)."""
+
+__all__ = [
+    "ADMIN",
+    "AUTHENTICATING_HEADERS",
+    "ApiKeys",
+    "Caller",
+    "Unauthenticated",
+    "check_bind_safety",
+    "is_loopback",
+    "refuse_repeated_credentials",
+]
+
+
+def refuse_repeated_credentials(raw_headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """``Unauthenticated`` when a request sends one of :data:`AUTHENTICATING_HEADERS`
+    twice: the layers that read it (forwarding took the last, the app the first) would
+    each see another caller."""
+    seen: set[str] = set()
+    for raw_name, _ in raw_headers:
+        name = raw_name.decode("latin-1").lower()
+        if name in AUTHENTICATING_HEADERS:
+            if name in seen:
+                raise Unauthenticated(f"the {name} header is sent more than once")
+            seen.add(name)
 
 
 class Caller(msgspec.Struct, frozen=True):

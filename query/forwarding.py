@@ -37,7 +37,7 @@ from litestar.types import (
 
 from prme.schemas.errors import Forbidden, Unauthenticated
 
-from .auth import ApiKeys, Caller
+from .auth import ApiKeys, Caller, refuse_repeated_credentials
 from .cluster import ClusterRouter, HopBroken, HopRefused, NodeRefused, NotOwner
 from .http_types import FORWARDED_BY_HEADER, NOT_OWNER_HEADER, SERVED_BY_HEADER, ErrorBody
 from .observe import CALLER_STATE
@@ -90,6 +90,7 @@ class ForwardingMiddleware:
         headers = _headers(scope)
         partition = self.router.partition_of(owner)
         try:
+            refuse_repeated_credentials(scope.get("headers", []))
             hop = self.router.check_forwarded(headers)
         except Forbidden:  # Unauthenticated too
             await self.app(scope, replay, stamped)  # the app answers 401 or 403 the same way

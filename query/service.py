@@ -40,7 +40,7 @@ from prme.schemas.errors import (
 )
 from prme.schemas.records import HTTP_ERASABLE_OWNER_PATTERN, Message
 
-from .auth import ApiKeys, Caller
+from .auth import ApiKeys, Caller, refuse_repeated_credentials
 from .cluster import NotOwner
 from .engine import MemoryEngine
 from .forwarding import ForwardingMiddleware
@@ -114,6 +114,7 @@ def authenticating_guard(
     body, so a request without a valid key is 401 whatever its body holds."""
 
     def authenticate(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        refuse_repeated_credentials(connection.scope["headers"])
         headers = connection.headers
         hop = None if engine.router is None else engine.router.check_forwarded(headers)
         if hop is not None:  # forwarded by a node that authenticated the key: its caller

@@ -170,10 +170,13 @@ class Forwarder:
 
 
 @contextlib.asynccontextmanager
-async def forwarder(directory: Path, standin: StandIn) -> AsyncIterator[Forwarder]:
+async def forwarder(
+    directory: Path, standin: StandIn, api_keys: dict[str, str] | None = None
+) -> AsyncIterator[Forwarder]:
     """A node on the embedded log whose static split gives the stand-in every odd
     partition, served in-process by the real app."""
     settings = Settings(data_dir=str(directory)).replace(
+        service={"api_keys": api_keys or {}},
         cluster={"static_members": [NODE_URL, standin.url], "secret": SECRET},
         query={"consistency_timeout_s": 2.0},
         log={"request_timeout_s": 5.0},
@@ -537,6 +540,29 @@ async def test_the_entry_node_logs_the_owner_of_a_request_it_forwards(
             line.startswith("GET /v1/history 200") and f"owner={owner_hash(node.owner)}" in line
             for line in lines
         ), lines
+
+
+async def test_a_credential_header_sent_twice_is_401_and_not_forwarded(tmp_path: Path) -> None:
+    """Found by a security review: the forwarding layer took the last of two
+    ``Authorization`` headers and the app the first, so one node forwarded what a single
+    node refused (403)."""
+    keys = {"key-admin": "*", "key-other": "someone-else"}
+    standin = StandIn([answer(200, [])])
+    async with stand_in(standin), forwarder(tmp_path, standin, keys) as node:
+        owner = node.owner
+        params = {"user_id": owner}
+        for name, values in (
+            ("authorization", ["Bearer key-other", "Bearer key-admin"]),
+            ("x-api-key", ["key-other", "key-admin"]),
+            ("x-api-key", ["key-admin", "key-admin"]),
+        ):
+            headers = [(name, value) for value in values]
+            read = await node.http.get("/v1/history", params=params, headers=headers)
+            assert read.status_code == 401, (headers, read.text)
+            assert read.json()["detail"] == f"the {name} header is sent more than once"
+        assert standin.hops == []
+        one = await node.http.get("/v1/history", params=params, headers={"x-api-key": "key-admin"})
+        assert one.status_code == 200 and len(standin.hops) == 1
 
 
 async def hang_on_events(hop: Hop, writer: asyncio.StreamWriter) -> bool:

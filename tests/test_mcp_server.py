@@ -207,7 +207,9 @@ async def test_http_keys_bind_each_caller_to_its_owner(tmp_path: Path) -> None:
     async with asyncio.timeout(BOUND_S):
         with mcp_http(tmp_path, env=env) as url:
             # No key, or an unknown one: 401 before any MCP message is read.
-            for headers in ({}, {"Authorization": "Bearer sk-nobody"}):
+            # Or a credential header sent twice (which one would be the caller?).
+            twice = [("Authorization", "Bearer sk-alice"), ("Authorization", "Bearer sk-bob")]
+            for headers in ({}, {"Authorization": "Bearer sk-nobody"}, twice):
                 response = httpx.post(url, json={}, headers=headers, timeout=30)
                 assert response.status_code == 401
                 assert response.json()["error"] == "unauthenticated"
