@@ -183,11 +183,12 @@ async def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from prme.producers.factory import open_key_store, open_transport
+    from prme.producers.free_space import FreeSpaceGuard
     from prme.producers.ingest import INGEST_BATCH, ingest_lines
     from prme.producers.ingest_build import BUILD_CHUNK, builder_process
     from prme.producers.producer import Producer
     from prme.query.pack_config import check_pack_directory
-    from prme.schemas.errors import RequestIdConflict
+    from prme.schemas.errors import RequestIdConflict, ShardUnavailable
 
     settings = _settings(args)
     check_pack_directory(settings.data_path)  # (before reading a file that may be large)
@@ -211,11 +212,12 @@ async def _ingest(args: argparse.Namespace) -> int:
             landed += count
             bar.update(count)
 
+        guard = FreeSpaceGuard(settings.data_path, settings.limits.min_free_bytes)
         with tqdm(total=total, unit="rec", disable=args.quiet, file=sys.stderr) as bar:
             try:
                 summary = await ingest_lines(
                     _read_lines(args.file),
-                    Producer(transport, settings.limits, keys=keys),
+                    Producer(transport, settings.limits, keys=keys, refusal=guard.refusal),
                     on_error=args.on_error,
                     batch_size=args.batch_size or INGEST_BATCH,
                     progress=progress,
@@ -226,6 +228,14 @@ async def _ingest(args: argparse.Namespace) -> int:
                 print(
                     f"prme ingest: {args.file}: {conflict} (from the chunk holding that line); "
                     f"{landed} records of the file were written",
+                    file=sys.stderr,
+                )
+                return 1
+            except ShardUnavailable as refused:  # (a nearly full disk) nothing of the chunk
+                bar.close()
+                print(
+                    f"prme ingest: {refused}; {landed} records of the file were written, in "
+                    "its order from the first line",
                     file=sys.stderr,
                 )
                 return 1

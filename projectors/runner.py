@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from prme.producers.factory import open_key_store, open_vector_changelog
+from prme.producers.free_space import allocated_bytes, check_room
 from prme.producers.keys import KeyStore
 from prme.producers.producer import request_event_id, request_fingerprint
 from prme.producers.transport import (
@@ -1177,6 +1178,13 @@ class ProjectorRunner:
         is staged, this process applies what arrived since and swaps it in.
         Returns, per partition, how many records were replayed."""
         read_models(models)  # an unknown name fails here, before anything is replayed
+        live = [shard.directory / name for shard in self.shards.values() for name in models]
+        check_room(
+            self._data_dir,
+            await asyncio.to_thread(allocated_bytes, live),
+            f"rebuilding {', '.join(models)} (a second copy of them, until each is swapped in)",
+            self.settings.limits.min_free_bytes,
+        )
         ends = await self.transport.end_offsets()
         todo = [
             (partition, shard)

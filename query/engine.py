@@ -18,6 +18,7 @@ import httpx
 import msgspec
 
 from prme.producers.factory import open_dead_letters, open_transport
+from prme.producers.free_space import FreeSpaceGuard, first_refusal
 from prme.producers.producer import (
     ADDITION_MISMATCH,
     AppendReceipt,
@@ -118,7 +119,10 @@ class MemoryEngine(MemoryBackend):
             settings.limits,
             self.metrics,
             keys=keys,
-            refusal=None if router is None else router.append_refusal,
+            refusal=first_refusal(
+                FreeSpaceGuard(settings.data_path, settings.limits.min_free_bytes).refusal,
+                None if router is None else router.append_refusal,
+            ),
         )
         model_dir = default_model_dir(settings.models_path)
         self._retriever = Retriever(

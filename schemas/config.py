@@ -138,6 +138,10 @@ class LimitsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_query_bytes: PositiveInt = 16 * 1024
     """A retrieve's query, UTF-8 (the model reads its first 256 tokens anyway; every word
     of a longer one is a lexical clause, and its analysis holds the event loop)."""
+    min_free_bytes: Count = 256 * 1024 * 1024
+    """Writes are refused (503) while the data directory's file system has less free, and
+    ``prme rebuild`` needs this much beyond its copy: the read models write into
+    memory-mapped files, which a full disk turns into a crash (SIGBUS). 0: no check."""
 
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]

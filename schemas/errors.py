@@ -107,6 +107,10 @@ class ShardUnavailable(PRMEError):
     """How long a client should wait before asking again (HTTP ``Retry-After``)."""
 
 
+class InsufficientSpace(PRMEError):
+    """The data directory's file system has too little free space for an operation."""
+
+
 class EmbeddingMismatch(PRMEError):
     """Stored vectors were built by a different embedding provider identity."""
 

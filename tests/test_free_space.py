@@ -1,0 +1,123 @@
+"""Writes and rebuilds stop short of a full disk (``limits.min_free_bytes``).
+
+An operations trial filled the data directory's disk under ``prme serve`` and ``prme
+rebuild``: both ended in SIGBUS from the engines' memory-mapped files. The disk is not
+filled here: a floor above the file system's free space stands for a nearly full one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from prme.producers.free_space import FreeSpaceGuard, allocated_bytes, check_room
+from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+from prme.query.engine import MemoryEngine
+from prme.query.service import create_app
+from prme.schemas.config import Settings
+from prme.schemas.errors import InsufficientSpace, ShardUnavailable
+
+FULL = 2**62
+"""A floor no file system here has free: every check finds the disk nearly full."""
+
+
+def test_the_guard_refuses_below_the_floor_and_looks_once_a_second() -> None:
+    free = [100]
+    looks: list[Path] = []
+    now = [0.0]
+
+    def free_of(path: Path) -> int:
+        looks.append(path)
+        return free[0]
+
+    guard = FreeSpaceGuard(Path("/pack"), 1024, free=free_of, clock=lambda: now[0])
+    reason = guard.refusal()
+    assert reason is not None
+    assert "/pack has 100 B free, less than limits.min_free_bytes (1 KiB" in reason
+    assert "PRME_LIMITS__MIN_FREE_BYTES" in reason
+    free[0] = 10**9
+    now[0] = 0.5
+    assert guard.refusal() == reason and len(looks) == 1  # (trusted for a second)
+    now[0] = 1.5
+    assert guard.refusal() is None and len(looks) == 2
+    assert FreeSpaceGuard(Path("/pack"), 0, free=free_of).refusal() is None
+
+
+def test_a_rebuild_needs_room_for_a_second_copy_of_its_models(tmp_path: Path) -> None:
+    model = tmp_path / "p0" / "vector"
+    model.mkdir(parents=True)
+    (model / "segment").write_bytes(b"x" * 64 * 1024)
+    needed = allocated_bytes([model])
+    assert needed >= 64 * 1024
+    check_room(tmp_path, needed, "rebuilding vector", 100, free=lambda _: needed + 100)
+    with pytest.raises(InsufficientSpace, match=r"rebuilding vector needs about 64 KiB more"):
+        check_room(tmp_path, needed, "rebuilding vector", 100, free=lambda _: needed + 99)
+    check_room(tmp_path, needed, "rebuilding vector", 0, free=lambda _: 0)  # (0: no check)
+
+
+async def test_writes_are_503_and_reads_go_on_while_the_disk_is_nearly_full(
+    tmp_path: Path,
+) -> None:
+    provider = HashedBagOfWordsProvider()
+    engine = await MemoryEngine.create(tmp_path / "pack", embedding_provider=provider)
+    try:
+        await engine.store("The harbour opens at six.", "alice")
+    finally:
+        await engine.close()
+    settings = Settings(data_dir=str(tmp_path / "pack")).replace(limits={"min_free_bytes": FULL})
+    engine = await MemoryEngine.open(settings=settings, embedding_provider=provider)
+    try:
+        ends = await engine.runner.transport.end_offsets()
+        with pytest.raises(ShardUnavailable, match="limits.min_free_bytes"):
+            await engine.store("Another one.", "alice")
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://prme"
+        ) as http:
+            refused = await http.post(
+                "/v1/memories", json={"user_id": "alice", "content": "And another."}
+            )
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"]
+            assert "free some space" in refused.json()["detail"]
+            found = await http.post("/v1/retrieve", json={"user_id": "alice", "query": "harbour"})
+            assert found.status_code == 200
+            assert [r["text"] for r in found.json()["results"]] == ["The harbour opens at six."]
+        assert await engine.runner.transport.end_offsets() == ends  # nothing was appended
+        with pytest.raises(InsufficientSpace, match="rebuilding vector, lexical, graph"):
+            await engine.rebuild()
+        assert not list((tmp_path / "pack" / "shards").glob("*.rebuild"))
+    finally:
+        await engine.close()
+
+
+def test_ingest_and_rebuild_say_so_in_one_line(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"owner": "alice", "content": "first"}) + "\n")
+    pack = ["--data-dir", str(tmp_path / "pack")]
+    env = {**os.environ, "PRME_LIMITS__MIN_FREE_BYTES": str(FULL)}
+
+    def prme(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "prme.cli", *args, *pack],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+
+    ingest = prme("ingest", str(source), "--quiet")
+    assert ingest.returncode == 1, ingest.stderr
+    assert ingest.stderr.startswith("prme ingest: this node appends nothing: the file system of")
+    assert ingest.stderr.strip().endswith(
+        "0 records of the file were written, in its order from the first line"
+    )
+    assert len(ingest.stderr.strip().splitlines()) == 1
+    rebuild = prme("rebuild", "--quiet")
+    lines = rebuild.stderr.strip().splitlines()
+    assert rebuild.returncode == 1 and len(lines) == 1, rebuild.stderr
+    assert lines[0].startswith("prme rebuild: the file system of") and "rebuilding" in lines[0]
