@@ -245,7 +245,8 @@ class ApiKeyGate:
         if scope["type"] == "http":
             headers = Headers(scope=scope)
             try:
-                refuse_repeated_credentials(scope["headers"])
+                if not self.keys.open:
+                    refuse_repeated_credentials(scope["headers"])
                 caller = self.keys.authenticate(
                     headers.get("authorization"), headers.get("x-api-key")
                 )

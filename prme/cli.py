@@ -191,7 +191,8 @@ async def _ingest(args: argparse.Namespace) -> int:
     from prme.schemas.errors import RequestIdConflict, ShardUnavailable
 
     settings = _settings(args)
-    check_pack_directory(settings.data_path)  # (before reading a file that may be large)
+    if settings.log.transport == "local":  # (on Kafka the log and keys are topics)
+        check_pack_directory(settings.data_path)  # (before reading a file that may be large)
     total = None if args.file == "-" else sum(1 for _ in _read_lines(args.file))
     if not args.quiet and not _has_log(settings):  # a typo in --data-dir starts a new pack
         print(f"prme ingest: no PRME log in {settings.data_dir}: creating one", file=sys.stderr)
@@ -545,7 +546,10 @@ def _project_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from prme.query.pack_config import check_pack_directory
+
     try:
+        check_pack_directory(settings.data_path)  # (the lock file would make it look a pack)
         lock = DataDirLock.acquire(settings.data_path)  # the workers share it with us
     except DataDirInUse as error:
         print(f"prme project: {error}", file=sys.stderr)

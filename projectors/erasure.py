@@ -23,6 +23,7 @@ shard opens again.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from prme.producers.free_space import allocated_bytes, check_room
 from prme.producers.keys import KeyStore
 from prme.schemas.errors import ShardUnavailable
 from prme.schemas.records import OwnerErased
@@ -43,6 +45,8 @@ from .model import ERASURES_PENDING, ModelClosed, ProjectedRecord
 
 if TYPE_CHECKING:
     from .shard import Shard
+
+_log = logging.getLogger("prme.projector")
 
 
 def purge_models(models: Iterable[Any], owners: Sequence[str] = ()) -> None:
@@ -66,9 +70,13 @@ class Forgetting:
         cache: VectorCache | None,
         identity: EmbeddingIdentity,
         queries: CachedEmbeddingProvider | None = None,
+        *,
+        min_free_bytes: int = 0,
     ) -> None:
-        """``queries``: the provider whose query entries an erasure drops."""
+        """``queries``: the provider whose query entries an erasure drops;
+        ``min_free_bytes``: the room a rewrite at opening leaves (``limits``)."""
         self.keys = keys
+        self._min_free_bytes = min_free_bytes
         self._cache = cache
         self._queries = queries
         self._identity = identity
@@ -123,8 +131,22 @@ class Forgetting:
         pending = _read_pending(shard.directory)
         if pending:
             await self._purge(shard, pending)
-        elif any(getattr(model, "rewrite_due", False) for model in shard.models.values()):
-            await self._rewrite(shard)
+        elif due := [n for n, m in shard.models.items() if getattr(m, "rewrite_due", False)]:
+            try:
+                stores = [shard.directory / name for name in due]
+                needed = await asyncio.to_thread(allocated_bytes, stores)
+                check_room(shard.directory, needed, "its rewrite", self._min_free_bytes)
+                await self._rewrite(shard)
+            except ShardUnavailable:
+                raise
+            except Exception as error:  # (no room): the pack opens; the rewrite stays due
+                _log.warning(
+                    "p%d: the vector store made by an earlier version could not be rewritten "
+                    "(%s): the vectors of owners it erased may stay in its files until it is "
+                    "(at its next opening or erasure) or `prme rebuild` replaces it",
+                    shard.partition,
+                    error,
+                )
 
     async def _purge(self, shard: Shard, owners: list[str]) -> None:
         for owner in owners:

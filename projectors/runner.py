@@ -194,7 +194,13 @@ class ProjectorRunner:
         self._owns_keys = keys is None
         self.keys: KeyStore = keys if keys is not None else open_key_store(settings)
         queries = provider if isinstance(provider, CachedEmbeddingProvider) else None
-        self.forgetting = Forgetting(self.keys, self._vector_cache, self.identity, queries)
+        self.forgetting = Forgetting(
+            self.keys,
+            self._vector_cache,
+            self.identity,
+            queries,
+            min_free_bytes=settings.limits.min_free_bytes,
+        )
         changelog_log = open_vector_changelog(settings)
         self.changelog = (
             None

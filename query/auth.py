@@ -40,15 +40,15 @@ __all__ = [
 
 def refuse_repeated_credentials(raw_headers: Iterable[tuple[bytes, bytes]]) -> None:
     """``Unauthenticated`` when a request sends one of :data:`AUTHENTICATING_HEADERS`
-    twice: the layers that read it (forwarding took the last, the app the first) would
-    each see another caller."""
-    seen: set[str] = set()
-    for raw_name, _ in raw_headers:
+    twice with different values: the layers that read it (forwarding took the last, the
+    app the first) would each see another caller. (An open service has no callers to tell
+    apart: its call sites skip this.)"""
+    seen: dict[str, bytes] = {}
+    for raw_name, value in raw_headers:
         name = raw_name.decode("latin-1").lower()
-        if name in AUTHENTICATING_HEADERS:
-            if name in seen:
-                raise Unauthenticated(f"the {name} header is sent more than once")
-            seen.add(name)
+        value = value.strip()
+        if name in AUTHENTICATING_HEADERS and seen.setdefault(name, value) != value:
+            raise Unauthenticated(f"the {name} header is sent twice, with different values")
 
 
 class Caller(msgspec.Struct, frozen=True):

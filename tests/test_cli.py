@@ -82,7 +82,13 @@ def test_ingest_and_audit_on_the_local_log(tmp_path: Path) -> None:
 
 @pytest.mark.kafka
 def test_ingest_and_audit_on_kafka(tmp_path: Path, kafka_bootstrap: str, kafka_topic: str) -> None:
+    # On Kafka the log and the keys are topics: a data directory that holds other files is
+    # nothing ingest writes to (a review: it was refused as "not empty").
+    elsewhere = tmp_path / "memory"
+    elsewhere.mkdir()
+    (elsewhere / "todo.md").write_text("mine")
     options = ["--transport", "kafka", "--bootstrap", kafka_bootstrap]
+    options += ["--data-dir", str(elsewhere)]
     check_ingest_and_audit(tmp_path, options, env={"PRME_LOG__TOPIC": kafka_topic})
 
 
@@ -311,6 +317,10 @@ def test_a_non_empty_directory_without_a_pack_is_refused_by_every_command(
     (theirs / "notes.txt").write_text("mine")
     source = write_jsonl(tmp_path / "in.jsonl", LINES)
     creators = [c for c in DATA_DIR_COMMANDS if c[0] not in ("audit", "rebuild")]
+    # (a review: the lock file `--workers` takes first made the directory look a pack)
+    creators.append(
+        ["project", "--workers", "2", "--transport", "kafka", "--bootstrap", "127.0.0.1:1"]
+    )
     # (audit and rebuild create nothing: they say "no PRME log in" the directory)
     check_refused_data_dir(
         theirs, source, "is not empty (notes.txt) and holds no PRME pack", commands=creators

@@ -5,6 +5,7 @@ the owner's text, and the log keeps only the owner's envelopes (crypto-shredding
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import struct
 import threading
@@ -420,6 +421,46 @@ async def test_a_vector_store_made_before_erasures_rewrote_it_is_rewritten_when_
         await reopened.rebuild(models=["vector"])  # a rebuilt store is one that rewrites
         assert sorted(data_dir.glob("shards/p*/vector.rewrites")) == marks
         assert not list(data_dir.glob("shards/p*.rebuild"))
+    finally:
+        await reopened.close()
+
+
+async def test_a_store_due_its_rewrite_opens_without_room_for_it_and_is_rewritten_later(
+    local_settings: Settings,
+    hashed_provider: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """From a review: the rewrite at opening has no way out, so a pack whose disk had no
+    room for a copy of its store could no longer be opened (it opened before the upgrade),
+    and on a nearly full disk the copy would fill it (SIGBUS)."""
+    from prme.projectors.stores.vector_edge import EdgeVectorModel
+
+    data_dir = local_settings.data_path
+    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
+    alice, bob = markers()
+    try:
+        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+        vectors = owner_vectors(engine, "alice", but_not=BOB)
+        with monkeypatch.context() as patched:
+            patched.setattr(EdgeVectorModel, "rewrite_if_due", lambda self: False)
+            await engine.erase_owner("alice")
+    finally:
+        await engine.close()
+    for mark in data_dir.glob("shards/p*/vector.rewrites"):
+        mark.unlink()
+    cramped = local_settings.replace(limits={"min_free_bytes": 2**62})
+    with caplog.at_level(logging.WARNING, logger="prme.projector"):
+        opened = await MemoryEngine.open(settings=cramped, embedding_provider=hashed_provider)
+    try:
+        await check_bob_intact(opened, bob)
+    finally:
+        await opened.close()
+    assert any("could not be rewritten" in r.getMessage() for r in caplog.records)
+    assert files_holding_vectors(data_dir, vectors)  # (still due)
+    reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
+    try:
+        assert files_holding_vectors(data_dir, vectors) == []
     finally:
         await reopened.close()
 

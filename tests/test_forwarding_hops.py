@@ -554,14 +554,16 @@ async def test_a_credential_header_sent_twice_is_401_and_not_forwarded(tmp_path:
         for name, values in (
             ("authorization", ["Bearer key-other", "Bearer key-admin"]),
             ("x-api-key", ["key-other", "key-admin"]),
-            ("x-api-key", ["key-admin", "key-admin"]),
         ):
             headers = [(name, value) for value in values]
             read = await node.http.get("/v1/history", params=params, headers=headers)
             assert read.status_code == 401, (headers, read.text)
-            assert read.json()["detail"] == f"the {name} header is sent more than once"
+            assert (
+                read.json()["detail"] == f"the {name} header is sent twice, with different values"
+            )
         assert standin.hops == []
-        one = await node.http.get("/v1/history", params=params, headers={"x-api-key": "key-admin"})
+        same = [("x-api-key", "key-admin"), ("X-API-Key", "key-admin")]  # (no doubt who)
+        one = await node.http.get("/v1/history", params=params, headers=same)
         assert one.status_code == 200 and len(standin.hops) == 1
 
 

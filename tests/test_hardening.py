@@ -437,7 +437,9 @@ async def test_every_credential_presented_must_hold(http: httpx.AsyncClient) -> 
     twice = [("Authorization", "Bearer key-alice"), ("Authorization", "Bearer key-admin")]
     response = await http.get("/v1/history", params=params, headers=twice)
     assert response.status_code == 401
-    assert response.json()["detail"] == "the authorization header is sent more than once"
+    assert (
+        response.json()["detail"] == "the authorization header is sent twice, with different values"
+    )
 
 
 async def test_top_k_is_bounded_and_a_huge_history_limit_reads_everything(
