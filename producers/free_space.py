@@ -1,24 +1,25 @@
-"""Refusing writes while the data directory's file system is nearly full.
+"""Stopping writes short of a full disk.
 
-The read models write into memory-mapped files (qdrant-edge's segments, Tantivy's), and a
-page of such a file that the disk has no room for ends the process with SIGBUS instead of
-an error. So appends stop while less than ``limits.min_free_bytes`` is free, leaving that
-much for the projector to apply what the log already holds; a rebuild, which writes a
-second copy of the models it rebuilds, checks for room before it starts.
+The read models write into memory-mapped files (qdrant-edge's segments and WAL, Tantivy's),
+and a page of such a file that the disk has no room for ends the process with SIGBUS
+instead of an error. So, with ``limits.min_free_bytes`` as the reserve:
+- appends to the embedded log stop while less than the reserve is free (erasures excepted:
+  they are small, and a privacy duty), leaving it for the projector to apply what the log
+  already holds;
+- the projector stops applying while less than half of it is free, and a pack opens only
+  with room for a WAL segment per vector shard beyond that half (opening a vector shard may
+  start one);
+- a rebuild, and a vector store's rewrite, check for room for their copy first.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prme.schemas.errors import InsufficientSpace
-
-FREE_SPACE_CHECK_S = 1.0
-"""How long one look at the free space is trusted (appends may come thousands a second)."""
 
 
 def free_bytes(directory: Path) -> int | None:
@@ -44,43 +45,52 @@ def size_text(count: int) -> str:
 
 
 class FreeSpaceGuard:
-    """Says why nothing may be appended to a pack in ``directory`` now (see the module's
-    docstring), looking at the file system at most once a :data:`FREE_SPACE_CHECK_S`."""
+    """Says why ``directory``'s file system is too full for a step now: with less free than
+    ``min_free_bytes`` times ``share`` (``what`` names the step's consequence). It looks
+    every time: one ``statvfs``, a few microseconds, and a cached answer let a burst of
+    writes run past the floor."""
 
     def __init__(
         self,
         directory: Path,
         min_free_bytes: int,
         *,
+        share: float = 1.0,
+        what: str = "free some space",
         free: Callable[[Path], int | None] = free_bytes,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._directory = directory
         self._min_free_bytes = min_free_bytes
+        self._floor = int(min_free_bytes * share)
+        self._share = share
+        self._what = what
         self._free = free
-        self._clock = clock
-        self._checked_at: float | None = None
-        self._reason: str | None = None
 
     def refusal(self) -> str | None:
         if self._min_free_bytes <= 0:
             return None
-        now = self._clock()
-        if self._checked_at is None or now - self._checked_at >= FREE_SPACE_CHECK_S:
-            self._checked_at = now
-            self._reason = self._look()
-        return self._reason
-
-    def _look(self) -> str | None:
         free = self._free(self._directory)
-        if free is None or free >= self._min_free_bytes:
+        if free is None or free >= self._floor:
             return None
+        reserve = f"limits.min_free_bytes ({size_text(self._min_free_bytes)}, PRME_LIMITS__MIN_FREE_BYTES)"
+        floor = reserve if self._share == 1.0 else f"half of {reserve}"
         return (
             f"the file system of {self._directory} has {size_text(free)} free, less than "
-            f"limits.min_free_bytes ({size_text(self._min_free_bytes)}, "
-            "PRME_LIMITS__MIN_FREE_BYTES): free some space (the read models write into "
-            "memory-mapped files, which a full disk turns into a crash)"
+            f"{floor}: {self._what} (the read models write into memory-mapped files, which "
+            "a full disk turns into a crash)"
         )
+
+
+def writes_guard(directory: Path, min_free_bytes: int) -> FreeSpaceGuard:
+    """What refuses an append to the embedded log in ``directory``."""
+    return FreeSpaceGuard(directory, min_free_bytes, what="free some space")
+
+
+def applying_guard(directory: Path, min_free_bytes: int) -> FreeSpaceGuard:
+    """What holds the projector of the pack in ``directory``."""
+    return FreeSpaceGuard(
+        directory, min_free_bytes, share=0.5, what="free some space: read models wait for it"
+    )
 
 
 def allocated_bytes(directories: Iterable[Path]) -> int:
@@ -120,15 +130,25 @@ def check_room(
     )
 
 
-def first_refusal(*checks: Callable[[], str | None] | None) -> Callable[[], str | None]:
-    """One refusal of several: the first that refuses."""
-    present = [check for check in checks if check is not None]
+VECTOR_WAL_SEGMENT_BYTES = 32 * 1024 * 1024
+"""A qdrant-edge WAL segment (``wal/open-N``), which opening a vector shard may start and
+fill through its memory map: a pack reopened on a disk without room for them crashed."""
 
-    def refusal() -> str | None:
-        for check in present:
-            reason = check()
-            if reason is not None:
-                return reason
-        return None
 
-    return refusal
+def check_room_to_open(directory: Path, vector_shards: int, min_free_bytes: int) -> None:
+    """``InsufficientSpace`` unless ``directory``'s file system has room for a WAL segment
+    per vector shard beyond half of ``min_free_bytes`` (0: no check)."""
+    if min_free_bytes <= 0:
+        return
+    available = free_bytes(directory)
+    needed = vector_shards * VECTOR_WAL_SEGMENT_BYTES + min_free_bytes // 2
+    if available is None or available >= needed:
+        return
+    raise InsufficientSpace(
+        f"the pack does not open: the file system of {directory} has {size_text(available)} "
+        f"free, and opening its {vector_shards} vector shards needs about {size_text(needed)} "
+        f"(a {size_text(VECTOR_WAL_SEGMENT_BYTES)} WAL segment each, and half of "
+        f"limits.min_free_bytes, {size_text(min_free_bytes)}, PRME_LIMITS__MIN_FREE_BYTES): "
+        "free some space first (the read models write into memory-mapped files, which a "
+        "full disk turns into a crash)"
+    )

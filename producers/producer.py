@@ -323,11 +323,14 @@ class Producer:
         metrics: Metrics | None = None,
         keys: KeyStore | None = None,
         refusal: Callable[[], str | None] | None = None,
+        room: Callable[[], str | None] | None = None,
     ) -> None:
         """With ``keys``, records are sealed with their owner's data key on append.
-        ``refusal`` says why nothing may be appended now (``ShardUnavailable``), or None."""
+        ``refusal`` says why nothing may be appended now (``ShardUnavailable``), or None;
+        ``room`` the same for the disk, which does not stop an erasure (``free_space``)."""
         self._transport = transport
         self._refusal = refusal
+        self._room = room
         self._sealer = None if keys is None else RecordSealer(keys)
         self._gate = ErasureGate()
         self._limits = limits or LimitsSettings()
@@ -512,15 +515,24 @@ class Producer:
         the owner by this producer between the two (:mod:`erasure_gate`)."""
         record = self.build_control("owner_erased", owner)
         async with self._gate.erasing(owner.encode("utf-8", "surrogatepass")):
-            (position,) = await self._append([log_item(record)], [record.event_id], atomic=True)
+            (position,) = await self._append(
+                [log_item(record)], [record.event_id], atomic=True, erasure=True
+            )
             await erase_keys()
         return AppendReceipt(record.event_id, position)
 
     async def _append(
-        self, items: Sequence[LogItem], event_ids: Sequence[str], *, atomic: bool
+        self,
+        items: Sequence[LogItem],
+        event_ids: Sequence[str],
+        *,
+        atomic: bool,
+        erasure: bool = False,
     ) -> list[Position]:
         if self._refusal is not None and (refusal := self._refusal()) is not None:
             raise ShardUnavailable(f"this node appends nothing: {refusal}")
+        if not erasure and self._room is not None and (full := self._room()) is not None:
+            raise ShardUnavailable(f"nothing is appended: {full}")
         started = time.perf_counter()
         attributes = {"prme.transport": self._label, "prme.event_ids": list(event_ids)}
         with self._metrics.tracing.span("prme.append", attributes) as span:

@@ -34,7 +34,7 @@ import numpy as np
 
 from prme.producers.free_space import allocated_bytes, check_room
 from prme.producers.keys import KeyStore
-from prme.schemas.errors import ShardUnavailable
+from prme.schemas.errors import InsufficientSpace, ShardUnavailable
 from prme.schemas.records import OwnerErased
 
 from .derive import embedding_text
@@ -126,24 +126,22 @@ class Forgetting:
             await asyncio.to_thread(cache.add_owners, self._identity, _refs(after))
 
     async def resume(self, shard: Shard) -> None:
-        """Finish a purge a crash interrupted, or make a rewrite a store is due since an
-        earlier version (the shard's models are open)."""
+        """Finish a purge a crash interrupted, or make a rewrite a store is due (since an
+        earlier version, or an erasure that found no room for it); the shard's models are
+        open."""
         pending = _read_pending(shard.directory)
         if pending:
             await self._purge(shard, pending)
-        elif due := [n for n, m in shard.models.items() if getattr(m, "rewrite_due", False)]:
+        else:
             try:
-                stores = [shard.directory / name for name in due]
-                needed = await asyncio.to_thread(allocated_bytes, stores)
-                check_room(shard.directory, needed, "its rewrite", self._min_free_bytes)
                 await self._rewrite(shard)
             except ShardUnavailable:
                 raise
-            except Exception as error:  # (no room): the pack opens; the rewrite stays due
+            except Exception as error:  # the pack opens; the rewrite stays due
                 _log.warning(
-                    "p%d: the vector store made by an earlier version could not be rewritten "
-                    "(%s): the vectors of owners it erased may stay in its files until it is "
-                    "(at its next opening or erasure) or `prme rebuild` replaces it",
+                    "p%d: the vector store could not be rewritten (%s): the vectors of owners "
+                    "erased before may stay in its files until it is (at its next opening or "
+                    "erasure) or `prme rebuild` replaces it",
                     shard.partition,
                     error,
                 )
@@ -161,10 +159,28 @@ class Forgetting:
         (shard.directory / ERASURES_PENDING).unlink(missing_ok=True)
         self.purges += 1
 
-    @staticmethod
-    async def _rewrite(shard: Shard) -> None:
-        """Each model's rewrite that is due, beside the shard's thread (its searches go on)."""
-        for model in list(shard.models.values()):
+    async def _rewrite(self, shard: Shard) -> None:
+        """Each model's rewrite that is due, beside the shard's thread (its searches go on),
+        when the disk has room for its copy beyond ``min_free_bytes``; without it, a warning
+        and the rewrite stays due (the store keeps no mark, so it is due at the next opening
+        too): a copy the disk cannot hold would end the process (SIGBUS)."""
+        due = [name for name, m in shard.models.items() if getattr(m, "rewrite_due", False)]
+        if not due:
+            return
+        stores = [shard.directory / name for name in due]
+        needed = await asyncio.to_thread(allocated_bytes, stores)
+        try:
+            check_room(shard.directory, needed, "the store's rewrite", self._min_free_bytes)
+        except InsufficientSpace as error:
+            _log.warning(
+                "p%d: the vector store's rewrite waits for room: %s; until it is rewritten "
+                "its files may hold vectors of erased owners",
+                shard.partition,
+                error,
+            )
+            return
+        for name in due:
+            model = shard.models.get(name)
             rewrite = getattr(model, "rewrite_if_due", None)
             if callable(rewrite):
                 try:

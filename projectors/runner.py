@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from prme.producers.factory import open_key_store, open_vector_changelog
-from prme.producers.free_space import allocated_bytes, check_room
+from prme.producers.free_space import (
+    allocated_bytes,
+    applying_guard,
+    check_room,
+    check_room_to_open,
+)
 from prme.producers.keys import KeyStore
 from prme.producers.producer import request_event_id, request_fingerprint
 from prme.producers.transport import (
@@ -40,6 +45,7 @@ from prme.schemas.errors import (
     AppendUnconfirmed,
     ConfigurationError,
     ConsistencyTimeout,
+    InsufficientSpace,
     ShardUnavailable,
     TransportError,
     TransportUnavailable,
@@ -241,7 +247,9 @@ class ProjectorRunner:
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self.retrying: BaseException | None = None
-        """The transient log error the projector is waiting out (None: it is not)."""
+        """The transient log error, or the full disk, the projector is waiting out (None:
+        it is not)."""
+        self._room = applying_guard(self._data_dir, settings.limits.min_free_bytes)
         self.known_log_ends: tuple[dict[int, int], float | None] = ({}, None)
         """The log ends a status read last, and when (monotonic): what ``/metrics`` and
         ``/v1/ready`` show, marked stale, while the log does not answer."""
@@ -290,6 +298,11 @@ class ProjectorRunner:
         """Join the consumer group and start applying in the background. ``join=False``
         opens only the key store (a serve-only node seals what it appends)."""
         self._data_dir.mkdir(parents=True, exist_ok=True)
+        check_room_to_open(
+            self._data_dir,
+            len(existing_shards(self._data_dir)),
+            self.settings.limits.min_free_bytes,
+        )
         remove_stale_staging(self._data_dir)
         if self._owns_keys:
             await self.keys.start()
@@ -743,6 +756,12 @@ class ProjectorRunner:
             # A failure an assignment met (``_refuse``) ends the loop too.
             delay = RETRY_FIRST_S
             while not self._stopping and self._failure is None:
+                if (full := self._room.refusal()) is not None:  # applied nothing: wait
+                    self.retrying = InsufficientSpace(full)
+                    _log.warning("the projector waits: %s; looking again in %.1fs", full, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+                    continue
                 try:
                     batches = await consumer.poll(size, POLL_S)
                     if batches:

@@ -18,7 +18,7 @@ import httpx
 import msgspec
 
 from prme.producers.factory import open_dead_letters, open_transport
-from prme.producers.free_space import FreeSpaceGuard, first_refusal
+from prme.producers.free_space import writes_guard
 from prme.producers.producer import (
     ADDITION_MISMATCH,
     AppendReceipt,
@@ -119,9 +119,11 @@ class MemoryEngine(MemoryBackend):
             settings.limits,
             self.metrics,
             keys=keys,
-            refusal=first_refusal(
-                FreeSpaceGuard(settings.data_path, settings.limits.min_free_bytes).refusal,
-                None if router is None else router.append_refusal,
+            refusal=None if router is None else router.append_refusal,
+            room=(  # (on Kafka the log is the brokers'; the projector guards the read models)
+                writes_guard(settings.data_path, settings.limits.min_free_bytes).refusal
+                if settings.log.transport == "local"
+                else None
             ),
         )
         model_dir = default_model_dir(settings.models_path)

@@ -32,6 +32,7 @@ from prme.schemas.codec import explain_json_error
 from prme.schemas.config import Settings
 from prme.schemas.errors import (
     TOO_DEEP,
+    InsufficientSpace,
     InvalidInput,
     PRMEError,
     ShardUnavailable,
@@ -257,7 +258,9 @@ async def readiness(engine: MemoryEngine) -> Readiness:
         detail = "routing (serve-only)" if ok else "no cluster map from the group yet"
     elif (failure := projector_failure(runner)) is not None:
         ok, detail = False, failure
-    elif (retrying := runner.retrying) is not None:
+    elif isinstance(retrying := runner.retrying, InsufficientSpace):
+        ok, detail = False, f"the projector waits: {retrying}"
+    elif retrying is not None:
         ok, detail = False, f"the projector waits out a log error and tries again: {retrying!r}"
     elif (refusal := runner.refusal) is not None:
         ok, detail = False, f"the group gave this node no partitions: {refusal}"

@@ -139,9 +139,12 @@ class LimitsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A retrieve's query, UTF-8 (the model reads its first 256 tokens anyway; every word
     of a longer one is a lexical clause, and its analysis holds the event loop)."""
     min_free_bytes: Count = 256 * 1024 * 1024
-    """Writes are refused (503) while the data directory's file system has less free, and
-    ``prme rebuild`` needs this much beyond its copy: the read models write into
-    memory-mapped files, which a full disk turns into a crash (SIGBUS). 0: no check."""
+    """The free space kept in reserve on the data directory's file system: writes to the
+    embedded log are refused (503) below it, the projector waits below half of it (and a
+    pack opens only with a WAL segment's room per vector shard beyond that half), and a
+    rebuild or a store's rewrite needs it beyond its copy. The read
+    models write into memory-mapped files, which a full disk turns into a crash (SIGBUS).
+    0: no check."""
 
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import struct
 import threading
 import uuid
@@ -18,6 +19,7 @@ import msgspec
 import pytest
 
 from prme import MemoryEngine, MessageDraft
+from prme.producers import free_space
 from prme.producers.audit import audit_owner
 from prme.producers.partitioner import partition_for_key
 from prme.projectors import rebuild_worker
@@ -449,18 +451,59 @@ async def test_a_store_due_its_rewrite_opens_without_room_for_it_and_is_rewritte
         await engine.close()
     for mark in data_dir.glob("shards/p*/vector.rewrites"):
         mark.unlink()
-    cramped = local_settings.replace(limits={"min_free_bytes": 2**62})
-    with caplog.at_level(logging.WARNING, logger="prme.projector"):
+    gib = 1024**3  # a reserve of 1 GiB, and 0.9 GiB free: it opens, but has no room
+    cramped = local_settings.replace(limits={"min_free_bytes": gib})
+    usage = shutil._ntuple_diskusage(10 * gib, 9 * gib, 9 * gib // 10)
+    with monkeypatch.context() as patched, caplog.at_level(logging.WARNING, "prme.projector"):
+        patched.setattr(free_space.shutil, "disk_usage", lambda path: usage)
         opened = await MemoryEngine.open(settings=cramped, embedding_provider=hashed_provider)
-    try:
-        await check_bob_intact(opened, bob)
-    finally:
-        await opened.close()
-    assert any("could not be rewritten" in r.getMessage() for r in caplog.records)
+        try:
+            await check_bob_intact(opened, bob)
+        finally:
+            await opened.close()
+    assert any("rewrite waits for room" in r.getMessage() for r in caplog.records)
     assert files_holding_vectors(data_dir, vectors)  # (still due)
     reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
     try:
         assert files_holding_vectors(data_dir, vectors) == []
+    finally:
+        await reopened.close()
+
+
+async def test_an_erasure_on_a_nearly_full_disk_is_taken_and_its_rewrite_waits_for_room(
+    local_settings: Settings,
+    hashed_provider: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """From a review: an erasure was refused like any write on a nearly full disk, and its
+    rewrite copied the store with no room check (a copy the disk cannot hold: SIGBUS)."""
+    gib = 1024**3
+    settings = local_settings.replace(limits={"min_free_bytes": gib})
+    data_dir = settings.data_path
+    roomy = shutil._ntuple_diskusage(10 * gib, 5 * gib, 5 * gib)
+    cramped = shutil._ntuple_diskusage(10 * gib, 9 * gib, 9 * gib // 10)
+    disk = [roomy]
+    monkeypatch.setattr(free_space.shutil, "disk_usage", lambda path: disk[0])
+    engine = await MemoryEngine.create(settings=settings, embedding_provider=hashed_provider)
+    alice, bob = markers()
+    try:
+        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+        vectors = owner_vectors(engine, "alice", but_not=BOB)
+        disk[0] = cramped
+        with caplog.at_level(logging.WARNING, logger="prme.projector"):
+            await engine.erase_owner("alice")  # taken: not refused as writes are
+        assert any("rewrite waits for room" in r.getMessage() for r in caplog.records)
+        assert (await engine.retrieve("vault code", "alice")).results == []
+        assert files_holding(data_dir, alice) == []  # the text is gone at once
+        assert files_holding_vectors(data_dir, vectors)  # the copy waits for room
+    finally:
+        await engine.close()
+    disk[0] = roomy
+    reopened = await MemoryEngine.open(settings=settings, embedding_provider=hashed_provider)
+    try:
+        assert files_holding_vectors(data_dir, vectors) == []
+        await check_bob_intact(reopened, bob)
     finally:
         await reopened.close()
 

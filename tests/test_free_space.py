@@ -6,8 +6,10 @@ filled here: a floor above the file system's free space stands for a nearly full
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from prme.producers import free_space
 from prme.producers.free_space import FreeSpaceGuard, allocated_bytes, check_room
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.query.engine import MemoryEngine
@@ -24,27 +27,30 @@ from prme.schemas.errors import InsufficientSpace, ShardUnavailable
 
 FULL = 2**62
 """A floor no file system here has free: every check finds the disk nearly full."""
+GIB = 1024**3
 
 
-def test_the_guard_refuses_below_the_floor_and_looks_once_a_second() -> None:
+def test_the_guard_refuses_below_its_floor_and_looks_every_time() -> None:
+    """A review: a look trusted for a second let a burst of writes run past the floor."""
     free = [100]
     looks: list[Path] = []
-    now = [0.0]
 
     def free_of(path: Path) -> int:
         looks.append(path)
         return free[0]
 
-    guard = FreeSpaceGuard(Path("/pack"), 1024, free=free_of, clock=lambda: now[0])
+    guard = FreeSpaceGuard(Path("/pack"), 1024, free=free_of)
     reason = guard.refusal()
     assert reason is not None
     assert "/pack has 100 B free, less than limits.min_free_bytes (1 KiB" in reason
     assert "PRME_LIMITS__MIN_FREE_BYTES" in reason
-    free[0] = 10**9
-    now[0] = 0.5
-    assert guard.refusal() == reason and len(looks) == 1  # (trusted for a second)
-    now[0] = 1.5
+    free[0] = 1024
     assert guard.refusal() is None and len(looks) == 2
+    half = FreeSpaceGuard(Path("/pack"), 1024, share=0.5, free=free_of)
+    free[0] = 600
+    assert half.refusal() is None
+    free[0] = 500
+    assert "less than half of limits.min_free_bytes" in (half.refusal() or "")
     assert FreeSpaceGuard(Path("/pack"), 0, free=free_of).refusal() is None
 
 
@@ -60,20 +66,30 @@ def test_a_rebuild_needs_room_for_a_second_copy_of_its_models(tmp_path: Path) ->
     check_room(tmp_path, needed, "rebuilding vector", 0, free=lambda _: 0)  # (0: no check)
 
 
-async def test_writes_are_503_and_reads_go_on_while_the_disk_is_nearly_full(
-    tmp_path: Path,
+class Disk:
+    """What ``shutil.disk_usage`` answers in ``free_space``: ``free`` bytes free."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+        self.free = free
+        monkeypatch.setattr(free_space.shutil, "disk_usage", self.usage)
+
+    def usage(self, path: object) -> shutil._ntuple_diskusage:
+        return shutil._ntuple_diskusage(10 * GIB, 10 * GIB - self.free, self.free)
+
+
+async def test_writes_stop_at_the_reserve_and_applying_at_half_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     provider = HashedBagOfWordsProvider()
-    engine = await MemoryEngine.create(tmp_path / "pack", embedding_provider=provider)
+    settings = Settings(data_dir=str(tmp_path / "pack")).replace(limits={"min_free_bytes": GIB})
+    engine = await MemoryEngine.create(settings=settings, embedding_provider=provider)
+    disk = Disk(monkeypatch, free=2 * GIB)
     try:
         await engine.store("The harbour opens at six.", "alice")
-    finally:
-        await engine.close()
-    settings = Settings(data_dir=str(tmp_path / "pack")).replace(limits={"min_free_bytes": FULL})
-    engine = await MemoryEngine.open(settings=settings, embedding_provider=provider)
-    try:
+        await engine.store("Bob keeps the boat keys.", "bob")
+        disk.free = GIB - 1  # below the reserve: no writes, but the projector applies
         ends = await engine.runner.transport.end_offsets()
-        with pytest.raises(ShardUnavailable, match="limits.min_free_bytes"):
+        with pytest.raises(ShardUnavailable, match="nothing is appended: .*min_free_bytes"):
             await engine.store("Another one.", "alice")
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://prme"
@@ -87,12 +103,29 @@ async def test_writes_are_503_and_reads_go_on_while_the_disk_is_nearly_full(
             found = await http.post("/v1/retrieve", json={"user_id": "alice", "query": "harbour"})
             assert found.status_code == 200
             assert [r["text"] for r in found.json()["results"]] == ["The harbour opens at six."]
-        assert await engine.runner.transport.end_offsets() == ends  # nothing was appended
-        with pytest.raises(InsufficientSpace, match="rebuilding vector, lexical, graph"):
-            await engine.rebuild()
-        assert not list((tmp_path / "pack" / "shards").glob("*.rebuild"))
+            assert (await http.get("/v1/ready")).status_code == 200
+            assert await engine.runner.transport.end_offsets() == ends  # nothing appended
+            with pytest.raises(InsufficientSpace, match="rebuilding vector, lexical, graph"):
+                await engine.rebuild()
+            assert not list((tmp_path / "pack" / "shards").glob("*.rebuild"))
+            # An erasure is small and a privacy duty: it is not refused (a review).
+            erased = await engine.erase_owner("bob")
+            assert erased.token is not None
+            assert (await engine.retrieve("boat keys", "bob")).results == []
+
+            disk.free = GIB // 2 - 1  # below half: the projector waits, and says so
+            await asyncio.sleep(0.3)
+            ready = await http.get("/v1/ready")
+            assert ready.status_code == 503
+            assert "the projector waits: the file system of" in ready.json()["detail"]
+            disk.free = 2 * GIB
+            stored = await engine.store("Room again.", "alice")  # applied: it waited no more
+            assert stored.token is not None
     finally:
         await engine.close()
+    disk.free = GIB // 2 - 1
+    with pytest.raises(InsufficientSpace, match="the pack does not open: .*half of"):
+        await MemoryEngine.open(settings=settings, embedding_provider=provider)
 
 
 def test_ingest_and_rebuild_say_so_in_one_line(tmp_path: Path) -> None:
@@ -112,7 +145,7 @@ def test_ingest_and_rebuild_say_so_in_one_line(tmp_path: Path) -> None:
 
     ingest = prme("ingest", str(source), "--quiet")
     assert ingest.returncode == 1, ingest.stderr
-    assert ingest.stderr.startswith("prme ingest: this node appends nothing: the file system of")
+    assert ingest.stderr.startswith("prme ingest: nothing is appended: the file system of")
     assert ingest.stderr.strip().endswith(
         "0 records of the file were written, in its order from the first line"
     )
@@ -120,4 +153,4 @@ def test_ingest_and_rebuild_say_so_in_one_line(tmp_path: Path) -> None:
     rebuild = prme("rebuild", "--quiet")
     lines = rebuild.stderr.strip().splitlines()
     assert rebuild.returncode == 1 and len(lines) == 1, rebuild.stderr
-    assert lines[0].startswith("prme rebuild: the file system of") and "rebuilding" in lines[0]
+    assert lines[0].startswith("prme rebuild: the pack does not open: the file system of")

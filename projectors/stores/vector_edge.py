@@ -252,6 +252,7 @@ class EdgeVectorModel(VectorModelBase):
                 where = Filter(must=[_match("owner", op.owner)])
                 if self._shard.count(CountRequest(exact=True, filter=where)):
                     self._rewrite_due = True
+                    rewrites_mark(self._path).unlink(missing_ok=True)  # (due after a restart)
                 self._shard.update(UpdateOperation.delete_points_by_filter(where))
                 self._node_ids.clear()  # the process keeps no id of an erased owner
                 self._erasures += 1
