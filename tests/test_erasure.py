@@ -388,28 +388,37 @@ async def test_a_purge_a_crash_interrupted_runs_when_the_shard_opens_again(
         await reopened.close()
 
 
+async def erased_by_an_earlier_build(
+    settings: Settings, provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, list[list[float]]]:
+    """A pack whose alice was erased by a build that deleted her points without rewriting
+    the vector shard, and made no marks; bob's marker and alice's vectors (still in a file)."""
+    from prme.projectors.stores.vector_edge import EdgeVectorModel
+
+    engine = await MemoryEngine.create(settings=settings, embedding_provider=provider)
+    alice, bob = markers()
+    try:
+        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
+        vectors = owner_vectors(engine, "alice", but_not=BOB)
+        with monkeypatch.context() as patched:
+            patched.setattr(EdgeVectorModel, "rewrite_if_due", lambda self: False)
+            await engine.erase_owner("alice")
+    finally:
+        await engine.close()
+    for mark in settings.data_path.glob("shards/p*/vector.rewrites"):
+        mark.unlink()
+    assert files_holding_vectors(settings.data_path, vectors)
+    return bob, vectors
+
+
 async def test_a_vector_store_made_before_erasures_rewrote_it_is_rewritten_when_it_opens(
     local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by an upgrade trial: an owner erased by a version that deleted the points
     without rewriting the shard kept their vectors in its files after the upgrade, and
     erasing the owner again deleted no point, so it rewrote nothing."""
-    from prme.projectors.stores.vector_edge import EdgeVectorModel
-
     data_dir = local_settings.data_path
-    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
-    alice, bob = markers()
-    try:
-        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
-        vectors = owner_vectors(engine, "alice", but_not=BOB)
-        with monkeypatch.context() as patched:  # what that version did: no rewrite
-            patched.setattr(EdgeVectorModel, "rewrite_if_due", lambda self: False)
-            await engine.erase_owner("alice")
-    finally:
-        await engine.close()
-    for mark in data_dir.glob("shards/p*/vector.rewrites"):
-        mark.unlink()  # made before the mark existed
-    assert files_holding_vectors(data_dir, vectors)
+    bob, vectors = await erased_by_an_earlier_build(local_settings, hashed_provider, monkeypatch)
     reopened = await MemoryEngine.open(settings=local_settings, embedding_provider=hashed_provider)
     try:
         assert files_holding_vectors(data_dir, vectors) == []
@@ -436,21 +445,8 @@ async def test_a_store_due_its_rewrite_opens_without_room_for_it_and_is_rewritte
     """From a review: the rewrite at opening has no way out, so a pack whose disk had no
     room for a copy of its store could no longer be opened (it opened before the upgrade),
     and on a nearly full disk the copy would fill it (SIGBUS)."""
-    from prme.projectors.stores.vector_edge import EdgeVectorModel
-
     data_dir = local_settings.data_path
-    engine = await MemoryEngine.create(settings=local_settings, embedding_provider=hashed_provider)
-    alice, bob = markers()
-    try:
-        await engine.store_many([*drafts("alice", alice), *drafts(BOB, bob)])
-        vectors = owner_vectors(engine, "alice", but_not=BOB)
-        with monkeypatch.context() as patched:
-            patched.setattr(EdgeVectorModel, "rewrite_if_due", lambda self: False)
-            await engine.erase_owner("alice")
-    finally:
-        await engine.close()
-    for mark in data_dir.glob("shards/p*/vector.rewrites"):
-        mark.unlink()
+    bob, vectors = await erased_by_an_earlier_build(local_settings, hashed_provider, monkeypatch)
     gib = 1024**3  # a reserve of 1 GiB, and 0.9 GiB free: it opens, but has no room
     cramped = local_settings.replace(limits={"min_free_bytes": gib})
     usage = shutil._ntuple_diskusage(10 * gib, 9 * gib, 9 * gib // 10)
