@@ -144,11 +144,16 @@ def check_room_to_open(directory: Path, vector_shards: int, min_free_bytes: int)
     needed = vector_shards * VECTOR_WAL_SEGMENT_BYTES + min_free_bytes // 2
     if available is None or available >= needed:
         return
+    segments = (
+        f", and a {size_text(VECTOR_WAL_SEGMENT_BYTES)} WAL segment for each of its "
+        f"{vector_shards} vector shards"
+        if vector_shards
+        else ""
+    )
     raise InsufficientSpace(
         f"the pack does not open: the file system of {directory} has {size_text(available)} "
-        f"free, and opening its {vector_shards} vector shards needs about {size_text(needed)} "
-        f"(a {size_text(VECTOR_WAL_SEGMENT_BYTES)} WAL segment each, and half of "
-        f"limits.min_free_bytes, {size_text(min_free_bytes)}, PRME_LIMITS__MIN_FREE_BYTES): "
-        "free some space first (the read models write into memory-mapped files, which a "
-        "full disk turns into a crash)"
+        f"free, and opening it needs about {size_text(needed)} (half of "
+        f"limits.min_free_bytes, {size_text(min_free_bytes)}, PRME_LIMITS__MIN_FREE_BYTES"
+        f"{segments}): free some space first, or lower that setting (the read models write "
+        "into memory-mapped files, which a full disk turns into a crash)"
     )
