@@ -74,7 +74,7 @@ class Forgetting:
         min_free_bytes: int = 0,
     ) -> None:
         """``queries``: the provider whose query entries an erasure drops;
-        ``min_free_bytes``: the room a rewrite at opening leaves (``limits``)."""
+        ``min_free_bytes``: the room a store's rewrite leaves free (``limits``)."""
         self.keys = keys
         self._min_free_bytes = min_free_bytes
         self._cache = cache
