@@ -272,6 +272,10 @@ def check_reason(reason: object) -> None:
         )
 
 
+FULL_DISK_RETRY_S = 10.0
+"""The ``Retry-After`` of an append refused for want of disk space."""
+
+
 def new_event_id() -> str:
     """A UUIDv7 string: unique and time-ordered."""
     return str(uuid_utils.uuid7())
@@ -532,7 +536,9 @@ class Producer:
         if self._refusal is not None and (refusal := self._refusal()) is not None:
             raise ShardUnavailable(f"this node appends nothing: {refusal}")
         if not erasure and self._room is not None and (full := self._room()) is not None:
-            raise ShardUnavailable(f"nothing is appended: {full}")
+            refused = ShardUnavailable(f"nothing is appended: {full}")
+            refused.retry_after_s = FULL_DISK_RETRY_S  # (space is not freed in a second)
+            raise refused
         started = time.perf_counter()
         attributes = {"prme.transport": self._label, "prme.event_ids": list(event_ids)}
         with self._metrics.tracing.span("prme.append", attributes) as span:
