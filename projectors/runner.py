@@ -22,6 +22,7 @@ from prme.producers.free_space import (
     applying_guard,
     check_room,
     check_room_to_open,
+    free_bytes,
 )
 from prme.producers.keys import KeyStore
 from prme.producers.producer import request_event_id, request_fingerprint
@@ -981,6 +982,15 @@ class ProjectorRunner:
                 rows += [(("memory", "hit"), memory.hits), (("memory", "miss"), memory.misses)]
             return rows
 
+        data_dir = self._data_dir
+        self.metrics.sample(
+            "gauge",
+            "prme_data_free_bytes",
+            "Free bytes on the data directory's file system (writes stop below "
+            "limits.min_free_bytes, the projector below half of it)",
+            (),
+            lambda: [((), free_bytes(data_dir) or 0)],
+        )
         self.metrics.sample(
             "counter",
             "prme_embedding_cache_lookups",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from prme.producers import free_space
 from prme.producers.free_space import FreeSpaceGuard, allocated_bytes, check_room
@@ -104,6 +105,9 @@ async def test_writes_stop_at_the_reserve_and_applying_at_half_of_it(
             assert found.status_code == 200
             assert [r["text"] for r in found.json()["results"]] == ["The harbour opens at six."]
             assert (await http.get("/v1/ready")).status_code == 200
+            metrics = text_string_to_metric_families((await http.get("/metrics")).text)
+            free = [m.samples[0].value for m in metrics if m.name == "prme_data_free_bytes"]
+            assert free == [GIB - 1]
             assert await engine.runner.transport.end_offsets() == ends  # nothing appended
             with pytest.raises(InsufficientSpace, match="rebuilding vector, lexical, graph"):
                 await engine.rebuild()
