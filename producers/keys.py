@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from prme.schemas.errors import ConfigurationError
+from prme.schemas.errors import ConfigurationError, TransportError
 from prme.schemas.sealing import DataKey, KeyRef, is_sealed, new_data_key
 
 from .sqlite_files import connect_wal
@@ -255,8 +255,14 @@ class LocalKeyStore(SqliteThread, CachingKeyStore):
                 key = created[owner] = new_data_key()
                 db.execute("INSERT INTO data_keys VALUES (?, ?, ?)", (owner, key.kid, key.key))
             db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
+        except BaseException as error:
+            if db.in_transaction:  # (SQLite rolls a full disk's transaction back itself)
+                db.execute("ROLLBACK")
+            if isinstance(error, sqlite3.OperationalError):
+                raise TransportError(
+                    f"the key store {self._path} could not be written ({error}): nothing was "
+                    "appended"
+                ) from error
             raise
         return created
 
@@ -269,8 +275,15 @@ class LocalKeyStore(SqliteThread, CachingKeyStore):
         try:
             db.execute("DELETE FROM data_keys WHERE owner = ?", (owner,))
             db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
+        except BaseException as error:
+            if db.in_transaction:  # (SQLite rolls a full disk's transaction back itself)
+                db.execute("ROLLBACK")
+            if isinstance(error, sqlite3.OperationalError):
+                raise TransportError(
+                    f"the owner's data key could not be deleted from {self._path} ({error}): "
+                    "the erasure is on the log, but its records stay readable until the key "
+                    "is gone: free some space and send the erasure again"
+                ) from error
             raise
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 

@@ -507,6 +507,7 @@ class Producer:
         their count (the bulk ingest bounds its own batches). ``sealed``: every item went
         through :meth:`seal_items` (or was sealed with a key :meth:`sealing_keys` gave)
         already, so they are not looked at again."""
+        self._check_room()  # (before sealing: a new owner's key is written then)
         async with self._gate.writing(item.key for item in items):
             if not sealed:
                 items = await self.seal_items(items)
@@ -519,26 +520,23 @@ class Producer:
         the owner by this producer between the two (:mod:`erasure_gate`)."""
         record = self.build_control("owner_erased", owner)
         async with self._gate.erasing(owner.encode("utf-8", "surrogatepass")):
-            (position,) = await self._append(
-                [log_item(record)], [record.event_id], atomic=True, erasure=True
-            )
+            (position,) = await self._append([log_item(record)], [record.event_id], atomic=True)
             await erase_keys()
         return AppendReceipt(record.event_id, position)
 
-    async def _append(
-        self,
-        items: Sequence[LogItem],
-        event_ids: Sequence[str],
-        *,
-        atomic: bool,
-        erasure: bool = False,
-    ) -> list[Position]:
-        if self._refusal is not None and (refusal := self._refusal()) is not None:
-            raise ShardUnavailable(f"this node appends nothing: {refusal}")
-        if not erasure and self._room is not None and (full := self._room()) is not None:
+    def _check_room(self) -> None:
+        """``ShardUnavailable`` when the disk is too full for a write (an erasure, which
+        does not come this way, is not refused: it is small, and a duty)."""
+        if self._room is not None and (full := self._room()) is not None:
             refused = ShardUnavailable(f"nothing is appended: {full}")
             refused.retry_after_s = FULL_DISK_RETRY_S  # (space is not freed in a second)
             raise refused
+
+    async def _append(
+        self, items: Sequence[LogItem], event_ids: Sequence[str], *, atomic: bool
+    ) -> list[Position]:
+        if self._refusal is not None and (refusal := self._refusal()) is not None:
+            raise ShardUnavailable(f"this node appends nothing: {refusal}")
         started = time.perf_counter()
         attributes = {"prme.transport": self._label, "prme.event_ids": list(event_ids)}
         with self._metrics.tracing.span("prme.append", attributes) as span:

@@ -7,9 +7,11 @@ filled here: a floor above the file system's free space stands for a nearly full
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +160,65 @@ def test_ingest_and_rebuild_say_so_in_one_line(tmp_path: Path) -> None:
     lines = rebuild.stderr.strip().splitlines()
     assert rebuild.returncode == 1 and len(lines) == 1, rebuild.stderr
     assert lines[0].startswith("prme rebuild: the pack does not open: the file system of")
+
+
+def key_rows(path: Path, owner: str) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return int(
+            db.execute("SELECT count(*) FROM data_keys WHERE owner = ?", (owner,)).fetchone()[0]
+        )
+
+
+class FullDisk:
+    """A connection whose writes fail as SQLite's on a full disk (reads still work)."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self._connection = connection
+
+    def execute(self, sql: str, *args: object) -> object:
+        if sql.startswith(("DELETE", "INSERT", "COMMIT")):
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._connection.execute(sql, *args)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._connection.in_transaction
+
+
+async def test_a_key_store_on_a_full_disk_is_a_503_and_the_erasure_is_sent_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a new-user trial: with the disk filled from outside to 0 B, an erasure answered
+    500 ("internal error: OperationalError") with its marker on the log and the owner's key
+    kept, so ``prme audit`` still read the owner's records; and a write by a new owner
+    answered 500 the same way (its key was written before the free-space check)."""
+    from prme.producers.keys import LocalKeyStore
+
+    provider = HashedBagOfWordsProvider()
+    settings = Settings(data_dir=str(tmp_path / "pack")).replace(limits={"min_free_bytes": GIB})
+    engine = await MemoryEngine.create(settings=settings, embedding_provider=provider)
+    disk = Disk(monkeypatch, free=2 * GIB)
+    keys = engine.runner.keys
+    assert isinstance(keys, LocalKeyStore)
+    try:
+        await engine.store("The harbour opens at six.", "alice")
+        disk.free = GIB - 1
+        with pytest.raises(ShardUnavailable, match="nothing is appended"):
+            await engine.store("A first word.", "newcomer")
+        assert key_rows(keys.path, "newcomer") == 0
+        disk.free = 2 * GIB
+        real = keys._require_connection()
+        with monkeypatch.context() as full:
+            full.setattr(keys, "_require_connection", lambda: FullDisk(real))
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://prme"
+            ) as http:
+                erased = await http.delete("/v1/owners", params={"user_id": "alice"})
+            assert erased.status_code == 503, erased.text
+            assert erased.json()["error"] == "transport_unavailable"
+            assert "send the erasure again" in erased.json()["detail"]
+        assert key_rows(keys.path, "alice") == 1  # (the erasure's marker is on the log)
+        await engine.erase_owner("alice")  # sent again, with room: the key goes
+        assert key_rows(keys.path, "alice") == 0
+    finally:
+        await engine.close()
