@@ -25,11 +25,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from prme.schemas.errors import ConfigurationError, TransportError
+from prme.schemas.errors import ConfigurationError
 from prme.schemas.sealing import DataKey, KeyRef, is_sealed, new_data_key
 
 from .sqlite_files import connect_wal
-from .sqlite_thread import SqliteThread
+from .sqlite_thread import SqliteThread, failed_write
 
 WRITE_TTL_S = 60.0
 """How long a process seals with a key before reading the store again."""
@@ -256,13 +256,12 @@ class LocalKeyStore(SqliteThread, CachingKeyStore):
                 db.execute("INSERT INTO data_keys VALUES (?, ?, ?)", (owner, key.kid, key.key))
             db.execute("COMMIT")
         except BaseException as error:
-            if db.in_transaction:  # (SQLite rolls a full disk's transaction back itself)
-                db.execute("ROLLBACK")
-            if isinstance(error, sqlite3.OperationalError):
-                raise TransportError(
-                    f"the key store {self._path} could not be written ({error}): nothing was "
-                    "appended"
-                ) from error
+            failed_write(
+                db,
+                error,
+                f"the key store {self._path} could not be written",
+                "nothing was appended",
+            )
             raise
         return created
 
@@ -276,14 +275,13 @@ class LocalKeyStore(SqliteThread, CachingKeyStore):
             db.execute("DELETE FROM data_keys WHERE owner = ?", (owner,))
             db.execute("COMMIT")
         except BaseException as error:
-            if db.in_transaction:  # (SQLite rolls a full disk's transaction back itself)
-                db.execute("ROLLBACK")
-            if isinstance(error, sqlite3.OperationalError):
-                raise TransportError(
-                    f"the owner's data key could not be deleted from {self._path} ({error}): "
-                    "the erasure is on the log, but its records stay readable until the key "
-                    "is gone: free some space and send the erasure again"
-                ) from error
+            failed_write(
+                db,
+                error,
+                f"the owner's data key could not be deleted from {self._path}",
+                "the erasure is on the log, but its records stay readable until the key is "
+                "gone: free some space and send the erasure again",
+            )
             raise
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ from prme.schemas.errors import ConfigurationError, TransportError
 
 from .partitioner import Partitioner
 from .sqlite_files import connect_wal
-from .sqlite_thread import SqliteThread
+from .sqlite_thread import SqliteThread, failed_write
 from .transport import (
     LogEntry,
     LogItem,
@@ -176,15 +175,12 @@ class LocalLogTransport(SqliteThread):
                 positions.append(Position(partition, offset))
             connection.execute("COMMIT")
         except BaseException as error:
-            # SQLite rolls back by itself on some errors (a full disk): a second ROLLBACK
-            # raised "no transaction is active", which hid the cause.
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            if isinstance(error, sqlite3.OperationalError):
-                raise TransportError(
-                    f"the embedded log {self._path} could not be written ({error}): nothing "
-                    "of the append was written"
-                ) from error
+            failed_write(
+                connection,
+                error,
+                f"the embedded log {self._path} could not be written",
+                "nothing of the append was written",
+            )
             raise
         self.dedupe_hits += hits
         return positions

@@ -14,6 +14,20 @@ from typing import Any
 from prme.schemas.errors import TransportError
 
 
+def failed_write(
+    connection: sqlite3.Connection, error: BaseException, failed: str, meaning: str
+) -> None:
+    """After a write transaction failed with ``error``: roll back what SQLite did not (it
+    rolls a full disk's transaction back itself, and a second ROLLBACK raised "no
+    transaction is active", hiding the cause), and for an ``OperationalError`` (a full
+    disk, a read-only file) raise a ``TransportError`` (503, not 500): "``failed``
+    (error): ``meaning``"."""
+    if connection.in_transaction:
+        connection.execute("ROLLBACK")
+    if isinstance(error, sqlite3.OperationalError):
+        raise TransportError(f"{failed} ({error}): {meaning}") from error
+
+
 class SqliteThread:
     """Subclasses open ``self._connection`` in ``_open`` (called on the thread)."""
 
