@@ -183,7 +183,7 @@ async def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from prme.producers.factory import open_key_store, open_transport
-    from prme.producers.free_space import writes_guard
+    from prme.producers.free_space import append_room
     from prme.producers.ingest import INGEST_BATCH, ingest_lines
     from prme.producers.ingest_build import BUILD_CHUNK, builder_process
     from prme.producers.producer import Producer
@@ -213,16 +213,11 @@ async def _ingest(args: argparse.Namespace) -> int:
             landed += count
             bar.update(count)
 
-        room = (  # (on Kafka nothing of the log is written here)
-            writes_guard(settings.data_path, settings.limits.min_free_bytes).refusal
-            if settings.log.transport == "local"
-            else None
-        )
         with tqdm(total=total, unit="rec", disable=args.quiet, file=sys.stderr) as bar:
             try:
                 summary = await ingest_lines(
                     _read_lines(args.file),
-                    Producer(transport, settings.limits, keys=keys, room=room),
+                    Producer(transport, settings.limits, keys=keys, room=append_room(settings)),
                     on_error=args.on_error,
                     batch_size=args.batch_size or INGEST_BATCH,
                     progress=progress,

@@ -19,7 +19,11 @@ import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from prme.schemas.config import Settings
 from prme.schemas.errors import InsufficientSpace
+
+_WHY = "the read models write into memory-mapped files, which a full disk turns into a crash"
+_SETTING = "PRME_LIMITS__MIN_FREE_BYTES"
 
 
 def free_bytes(directory: Path) -> int | None:
@@ -72,18 +76,20 @@ class FreeSpaceGuard:
         free = self._free(self._directory)
         if free is None or free >= self._floor:
             return None
-        reserve = f"limits.min_free_bytes ({size_text(self._min_free_bytes)}, PRME_LIMITS__MIN_FREE_BYTES)"
+        reserve = f"limits.min_free_bytes ({size_text(self._min_free_bytes)}, {_SETTING})"
         floor = reserve if self._share == 1.0 else f"half of {reserve}"
         return (
             f"the file system of {self._directory} has {size_text(free)} free, less than "
-            f"{floor}: {self._what} (the read models write into memory-mapped files, which "
-            "a full disk turns into a crash)"
+            f"{floor}: {self._what} ({_WHY})"
         )
 
 
-def writes_guard(directory: Path, min_free_bytes: int) -> FreeSpaceGuard:
-    """What refuses an append to the embedded log in ``directory``."""
-    return FreeSpaceGuard(directory, min_free_bytes, what="free some space")
+def append_room(settings: Settings) -> Callable[[], str | None] | None:
+    """What refuses an append for want of room (``Producer``'s ``room``): on the embedded
+    log only, whose file is in the data directory (on Kafka the log is the brokers')."""
+    if settings.log.transport != "local":
+        return None
+    return FreeSpaceGuard(settings.data_path, settings.limits.min_free_bytes).refusal
 
 
 def applying_guard(directory: Path, min_free_bytes: int) -> FreeSpaceGuard:
@@ -125,8 +131,7 @@ def check_room(
     raise InsufficientSpace(
         f"the file system of {directory} has {size_text(available)} free; {what} needs about "
         f"{size_text(needed)} more, plus limits.min_free_bytes ({size_text(min_free_bytes)}, "
-        "PRME_LIMITS__MIN_FREE_BYTES): free some space first (or set it to 0 to skip this "
-        "check, at the risk of a crash when the disk fills)"
+        f"{_SETTING}): free some space first (or set it to 0 to skip this check: {_WHY})"
     )
 
 
@@ -153,7 +158,6 @@ def check_room_to_open(directory: Path, vector_shards: int, min_free_bytes: int)
     raise InsufficientSpace(
         f"the pack does not open: the file system of {directory} has {size_text(available)} "
         f"free, and opening it needs about {size_text(needed)} (half of "
-        f"limits.min_free_bytes, {size_text(min_free_bytes)}, PRME_LIMITS__MIN_FREE_BYTES"
-        f"{segments}): free some space first, or lower that setting (the read models write "
-        "into memory-mapped files, which a full disk turns into a crash)"
+        f"limits.min_free_bytes, {size_text(min_free_bytes)}, {_SETTING}{segments}): free "
+        f"some space first, or lower that setting ({_WHY})"
     )

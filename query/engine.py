@@ -18,7 +18,7 @@ import httpx
 import msgspec
 
 from prme.producers.factory import open_dead_letters, open_transport
-from prme.producers.free_space import writes_guard
+from prme.producers.free_space import append_room
 from prme.producers.producer import (
     ADDITION_MISMATCH,
     AppendReceipt,
@@ -120,11 +120,7 @@ class MemoryEngine(MemoryBackend):
             self.metrics,
             keys=keys,
             refusal=None if router is None else router.append_refusal,
-            room=(  # (on Kafka the log is the brokers'; the projector guards the read models)
-                writes_guard(settings.data_path, settings.limits.min_free_bytes).refusal
-                if settings.log.transport == "local"
-                else None
-            ),
+            room=append_room(settings),
         )
         model_dir = default_model_dir(settings.models_path)
         self._retriever = Retriever(
