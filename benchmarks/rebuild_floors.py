@@ -27,7 +27,7 @@ import tantivy
 from qdrant_edge import Distance, EdgeConfig, EdgeShard, EdgeVectorParams, Point, UpdateOperation
 
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
-from prme.projectors.stores.lexical import LexicalModel, _schema, document_fields
+from prme.projectors.stores.lexical import LexicalModel, create_index, document_fields
 from prme.projectors.stores.vector_base import point_id
 from prme.projectors.stores.vector_edge import EdgeVectorModel
 
@@ -126,7 +126,7 @@ def floor_lexical(content: Content, work: Path) -> float:
     for index, documents in enumerate(content.documents):
         path = work / f"lexical-{index}"
         path.mkdir(parents=True)
-        index_ = tantivy.Index(_schema(), path=str(path))
+        index_ = create_index(path)
         writer = index_.writer(heap_size=48_000_000, num_threads=1)
         for fields in documents:
             writer.add_document(tantivy.Document(**fields))

@@ -325,6 +325,54 @@ class LexicalIndexContract:
 
         assert ids(model.search(query, "alice", None, 10)) == [plan]
 
+    @pytest.mark.parametrize(
+        ("stored", "query"),
+        [
+            ("Lunch at the Café Landtmann", "cafe"),
+            ("We moved to München in May", "munchen"),
+            ("the cafe on the corner", "café"),
+            ("She lives on the Hauptstraße", "hauptstrasse"),
+            ("my naïve résumé", "naive resume"),
+        ],
+    )
+    def test_accents_are_folded_in_text_and_query(
+        self, model: LexicalModel, log: RecordLog, stored: str, query: str
+    ) -> None:
+        found = log.message("alice", stored)
+        log.message("alice", "nothing to see here", session="s2")
+        model.apply(log.records)
+
+        assert ids(model.search(query, "alice", None, 10)) == [found]
+
+    @pytest.mark.parametrize(
+        ("stored", "other", "query"),
+        [
+            ("我昨天在东京喝了咖啡", "我喜欢看书", "咖啡"),
+            ("東京でコーヒーを飲みました", "本を読むのが好きです", "コーヒー"),
+            ("서울에서 커피를 마셨다", "책 읽기를 좋아한다", "커피"),
+        ],
+    )
+    def test_a_word_inside_a_sentence_written_without_spaces_is_found(
+        self, model: LexicalModel, log: RecordLog, stored: str, other: str, query: str
+    ) -> None:
+        found = log.message("alice", stored)
+        log.message("alice", other, session="s2")
+        model.apply(log.records)
+
+        assert ids(model.search(query, "alice", None, 10)) == [found]
+
+    def test_characters_in_the_querys_order_rank_first(
+        self, model: LexicalModel, log: RecordLog
+    ) -> None:
+        scrambled = log.message("alice", "啡店的咖喱", session="s1")
+        in_order = log.message("alice", "我们去咖啡店", session="s2")
+        model.apply(log.records)
+
+        hits = model.search("咖啡店在哪里", "alice", None, 10)
+
+        assert ids(hits) == [in_order, scrambled]
+        assert hits[0].score > hits[1].score
+
     @pytest.mark.parametrize("query", ["", "   ", "?!...", '"', "*", "()[]{}:^~"])
     def test_queries_without_words_return_nothing(
         self, model: LexicalModel, query: str, log: RecordLog

@@ -20,6 +20,8 @@ that deletes nothing.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import logging
 import re
 import uuid
 from pathlib import Path
@@ -59,14 +61,37 @@ _ID_LOW: Final = "node_id_low"
 _NODE_PREFIX: Final = "mem:"
 _U64: Final = (1 << 64) - 1
 _TERM = re.compile(r"[^\W_]+")
-_ANALYZER: Final = (
-    tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
-    .filter(tantivy.Filter.remove_long(40))
-    .filter(tantivy.Filter.lowercase())
-    .filter(tantivy.Filter.stemmer("english"))
-    .build()
-)
-"""Tantivy's ``en_stem``, the search fields' tokenizer, as the query parser applies it."""
+WORDS_TOKENIZER: Final = "prme_words"
+"""The search fields' tokenizer: words of letters and digits, each character of a script
+written without spaces (Chinese, Japanese kana, Korean Hangul) a word of its own, then
+lower-cased, folded to ASCII (``café`` is ``cafe``, ``Straße`` is ``strasse``) and stemmed
+as English (``booked`` is ``book``)."""
+LEGACY_TOKENIZER: Final = "en_stem"
+"""Tantivy's ``en_stem``: the search fields' tokenizer of an index built before 2026-12-07,
+kept until ``prme rebuild --model lexical`` builds it again."""
+_UNSPACED: Final = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}"
+
+
+def _analyzer(tokenizer: tantivy.Tokenizer, *, fold: bool) -> tantivy.TextAnalyzer:
+    builder = (
+        tantivy.TextAnalyzerBuilder(tokenizer)
+        .filter(tantivy.Filter.remove_long(40))
+        .filter(tantivy.Filter.lowercase())
+    )
+    if fold:
+        builder = builder.filter(tantivy.Filter.ascii_fold())
+    return builder.filter(tantivy.Filter.stemmer("english")).build()
+
+
+_ANALYZERS: Final[dict[str, tantivy.TextAnalyzer]] = {
+    WORDS_TOKENIZER: _analyzer(
+        tantivy.Tokenizer.regex(rf"[{_UNSPACED}]|[[\p{{Alphabetic}}\p{{N}}]--[{_UNSPACED}]]+"),
+        fold=True,
+    ),
+    # What Tantivy registers as ``en_stem``, so the query applies it as the index did.
+    LEGACY_TOKENIZER: _analyzer(tantivy.Tokenizer.simple(), fold=False),
+}
+_log = logging.getLogger(__name__)
 _STATES: Final[dict[type, NodeState]] = {
     records.NodeArchived: "archived",
     records.NodeRestored: "active",
@@ -93,9 +118,10 @@ def _document_fields() -> tantivy.SchemaBuilder:
     builder = tantivy.SchemaBuilder()
     for name in ("node_id", "owner", "scope", "session_id", "state"):
         builder.add_text_field(name, stored=True, tokenizer_name="raw", index_option="basic")
-    builder.add_text_field("text", stored=True, tokenizer_name="en_stem", index_option="position")
-    builder.add_text_field("context", stored=True, tokenizer_name="en_stem", index_option="freq")
-    builder.add_text_field("speaker", stored=True, tokenizer_name="en_stem", index_option="freq")
+    for name, positions in (("text", "position"), ("context", "freq"), ("speaker", "freq")):
+        builder.add_text_field(
+            name, stored=True, tokenizer_name=WORDS_TOKENIZER, index_option=positions
+        )
     builder.add_integer_field("offset", stored=True, indexed=True)
     return builder
 
@@ -184,20 +210,49 @@ def _excluded(
     return {_address_key(address) for _score, address in hits}
 
 
-def _open_index(schema: tantivy.Schema, index_dir: Path) -> tuple[tantivy.Index, bool]:
-    """The index in ``index_dir`` and whether it has the id fast fields (an index built
-    before they existed keeps its schema until ``prme rebuild --model lexical``)."""
+class _OpenedIndex(msgspec.Struct, frozen=True):
+    index: tantivy.Index
+    fast_ids: bool
+    """Whether it has the id fast fields."""
+    tokenizer: str
+    """Its search fields' tokenizer, a key of ``_ANALYZERS``."""
+
+
+def _open_index(schema: tantivy.Schema, index_dir: Path) -> _OpenedIndex:
+    """The index in ``index_dir``. One built before the id fast fields or before
+    ``WORDS_TOKENIZER`` keeps its schema until ``prme rebuild --model lexical``."""
     try:
         index = tantivy.Index(schema, path=str(index_dir), reuse=True)
     except ValueError as error:
         if "schema does not match" not in str(error):
             raise
         index = tantivy.Index.open(str(index_dir))
+    index.register_tokenizer(WORDS_TOKENIZER, _ANALYZERS[WORDS_TOKENIZER])
+    tokenizer = _text_tokenizer(index_dir)
     try:
         index.searcher().fast_field_values(_ID_HIGH, [])
     except ValueError:
-        return index, False
-    return index, True
+        return _OpenedIndex(index, False, tokenizer)
+    return _OpenedIndex(index, True, tokenizer)
+
+
+def _text_tokenizer(index_dir: Path) -> str:
+    """The tokenizer of the index's ``text`` field, as its ``meta.json`` names it."""
+    meta = msgspec.json.decode((index_dir / "meta.json").read_bytes())
+    for field in meta["schema"]:
+        if field["name"] == "text":
+            name = field["options"]["indexing"]["tokenizer"]
+            if name not in _ANALYZERS:
+                raise PRMEError(
+                    f"the lexical index in {index_dir} uses an unknown tokenizer {name!r}"
+                )
+            return str(name)
+    raise PRMEError(f"the lexical index in {index_dir} has no text field")
+
+
+def create_index(path: Path) -> tantivy.Index:
+    """A new, empty index of the current schema in ``path`` (the rebuild floor's)."""
+    return _open_index(_schema(), path).index
 
 
 def _take_commit_opstamp(writer: tantivy.IndexWriter) -> None:
@@ -232,7 +287,16 @@ class LexicalModel:
         self._settings = settings
         index_dir = path / "index"
         index_dir.mkdir(parents=True, exist_ok=True)
-        self._index, self._fast_ids = _open_index(_schema(), index_dir)
+        opened = _open_index(_schema(), index_dir)
+        self._index, self._fast_ids = opened.index, opened.fast_ids
+        self._analyzer = _ANALYZERS[opened.tokenizer]
+        self._legacy_tokens = opened.tokenizer == LEGACY_TOKENIZER
+        if self._legacy_tokens:
+            _log.info(
+                "the lexical index in %s folds no accents and keeps runs of Chinese, Japanese "
+                "or Korean as one word; `prme rebuild --model lexical` builds it again",
+                index_dir,
+            )
         self._schema = self._index.schema
         self._writer: tantivy.IndexWriter | None = _open_writer(self._index)
         # A process killed mid-commit leaves files no meta.json names (such as the .del file
@@ -387,13 +451,16 @@ class LexicalModel:
         one per word, and drops a repeated word but not two words of one stem) up to float
         rounding, and a flat union of term queries is what Tantivy's block-max WAND prunes:
         a query of common words over 100k documents stops scoring most of them. A word the
-        analyser splits (which the parser would search as a phrase) keeps the parser's
-        query."""
+        analyser splits (a run of Chinese or Japanese, one word per character) adds each
+        of its terms once and, on ``text``, each pair of neighbours as a phrase, so a
+        memory holding the characters in the query's order ranks first; under the legacy
+        tokenizer it keeps the parser's query (a phrase of the whole word)."""
         clauses: list[tuple[Occur, tantivy.Query]] = []
         seen: set[str] = set()
+        split: set[str | tuple[str, str]] = set()
         for word in terms:
-            tokens = _ANALYZER.analyze(word)
-            if len(tokens) > 1:
+            tokens = self._analyzer.analyze(word)
+            if len(tokens) > 1 and self._legacy_tokens:
                 parsed, _errors = self._index.parse_query_lenient(
                     " ".join(terms), default_field_names=_SEARCH_FIELDS, field_boosts=self._boosts
                 )
@@ -401,14 +468,38 @@ class LexicalModel:
             if word in seen:
                 continue
             seen.add(word)
+            if len(tokens) > 1:
+                self._add_split_word(clauses, tokens, split)
+                continue
             for token in tokens:
-                for field in _SEARCH_FIELDS:
-                    term = Query.term_query(self._schema, field, token)
-                    boost = self._boosts[field]
-                    clauses.append(
-                        (Occur.Should, term if boost == 1.0 else Query.boost_query(term, boost))
-                    )
+                self._add_term(clauses, token)
         return Query.boolean_query(clauses)
+
+    def _add_term(self, clauses: list[tuple[Occur, tantivy.Query]], token: str) -> None:
+        for field in _SEARCH_FIELDS:
+            self._add_clause(clauses, field, Query.term_query(self._schema, field, token))
+
+    def _add_split_word(
+        self,
+        clauses: list[tuple[Occur, tantivy.Query]],
+        tokens: list[str],
+        seen: set[str | tuple[str, str]],
+    ) -> None:
+        for token in tokens:
+            if token not in seen:
+                seen.add(token)
+                self._add_term(clauses, token)
+        for pair in itertools.pairwise(tokens):
+            if pair not in seen:
+                seen.add(pair)
+                phrase = Query.phrase_query(self._schema, "text", list(pair))
+                self._add_clause(clauses, "text", phrase)
+
+    def _add_clause(
+        self, clauses: list[tuple[Occur, tantivy.Query]], field: str, query: tantivy.Query
+    ) -> None:
+        boost = self._boosts[field]
+        clauses.append((Occur.Should, query if boost == 1.0 else Query.boost_query(query, boost)))
 
     def _filtered_hits(
         self,
