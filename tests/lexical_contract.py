@@ -11,15 +11,33 @@ implementation would turn it into a protocol in ``prme.projectors``.
 from __future__ import annotations
 
 import random
+import unicodedata
 from typing import Protocol
 
 import pytest
+import tantivy
 
 from prme.projectors.stores.lexical import LexicalHit, LexicalModel
 from prme.projectors.stores.lexical_windows import LexicalDocument
 from prme.schemas.config import LexicalSettings
 
 from .record_builders import RecordLog
+
+
+def legacy_schema(*, fast_ids: bool = True) -> tantivy.Schema:
+    """The lexical schema as builds before 2026-12-07 wrote it (``en_stem`` search fields),
+    with the id fast fields or, as before those, without."""
+    builder = tantivy.SchemaBuilder()
+    for name in ("node_id", "owner", "scope", "session_id", "state"):
+        builder.add_text_field(name, stored=True, tokenizer_name="raw", index_option="basic")
+    builder.add_text_field("text", stored=True, tokenizer_name="en_stem", index_option="position")
+    builder.add_text_field("context", stored=True, tokenizer_name="en_stem", index_option="freq")
+    builder.add_text_field("speaker", stored=True, tokenizer_name="en_stem", index_option="freq")
+    builder.add_integer_field("offset", stored=True, indexed=True)
+    if fast_ids:
+        builder.add_integer_field("node_id_high", fast=True)
+        builder.add_integer_field("node_id_low", fast=True)
+    return builder.build()
 
 
 class MakeIndex(Protocol):
@@ -350,6 +368,11 @@ class LexicalIndexContract:
             ("我昨天在东京喝了咖啡", "我喜欢看书", "咖啡"),
             ("東京でコーヒーを飲みました", "本を読むのが好きです", "コーヒー"),
             ("서울에서 커피를 마셨다", "책 읽기를 좋아한다", "커피"),
+            (unicodedata.normalize("NFD", "서울에서 커피를 마셨다"), "책 읽기를 좋아한다", "커피"),
+            ("ｶﾌｪに行きました", "本を読むのが好きです", "カフェ"),
+            ("新しいiPhone手机很好用", "我喜欢看书", "手机"),
+            ("新しいiPhone手机很好用", "我喜欢看书", "iphone"),
+            ("मुझे हिंदी पसंद है", "मुझे चाय पसंद है", "हिंदी"),
         ],
     )
     def test_a_word_inside_a_sentence_written_without_spaces_is_found(

@@ -20,6 +20,7 @@ from prme.projectors.stores import lexical
 from prme.projectors.stores.graph import GraphModel
 from prme.projectors.stores.lexical import LexicalModel
 
+from .lexical_contract import legacy_schema
 from .record_builders import RecordLog, msg, projected
 
 
@@ -111,7 +112,7 @@ def test_get_nodes_looks_nodes_up_by_id_and_keeps_owner_and_kind_filters(tmp_pat
 
 def _schema_without_id_columns() -> tantivy.Schema:
     """The lexical schema as it was before the id fast fields."""
-    return lexical._document_fields().build()
+    return legacy_schema(fast_ids=False)
 
 
 @settings(max_examples=300, deadline=None)

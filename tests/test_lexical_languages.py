@@ -9,27 +9,17 @@ from typing import Any
 
 import pytest
 import tantivy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prme import MemoryEngine
 from prme.projectors.stores import lexical
 from prme.projectors.stores.lexical import LexicalModel
-from prme.schemas.config import Settings
+from prme.projectors.stores.lexical_terms import search_form
+from prme.schemas.config import Settings as PRMESettings
 
+from .lexical_contract import legacy_schema
 from .record_builders import RecordLog
-
-
-def legacy_schema() -> tantivy.Schema:
-    """The lexical schema as builds before 2026-12-07 wrote it (``en_stem`` search fields)."""
-    builder = tantivy.SchemaBuilder()
-    for name in ("node_id", "owner", "scope", "session_id", "state"):
-        builder.add_text_field(name, stored=True, tokenizer_name="raw", index_option="basic")
-    builder.add_text_field("text", stored=True, tokenizer_name="en_stem", index_option="position")
-    builder.add_text_field("context", stored=True, tokenizer_name="en_stem", index_option="freq")
-    builder.add_text_field("speaker", stored=True, tokenizer_name="en_stem", index_option="freq")
-    builder.add_integer_field("offset", stored=True, indexed=True)
-    builder.add_integer_field("node_id_high", fast=True)
-    builder.add_integer_field("node_id_low", fast=True)
-    return builder.build()
 
 
 def found(model: LexicalModel, query: str) -> list[str]:
@@ -67,7 +57,7 @@ def test_a_legacy_index_keeps_its_tokenizer_for_old_and_new_documents(
 
 
 async def test_rebuilding_the_lexical_model_upgrades_a_legacy_index(
-    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+    local_settings: PRMESettings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patched:
         patched.setattr(lexical, "_schema", legacy_schema)
@@ -90,3 +80,48 @@ async def test_rebuilding_the_lexical_model_upgrades_a_legacy_index(
         assert after.receipt.results[0].ranks["lexical"] == 1
     finally:
         await engine.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+def test_the_search_form_is_ascii_unchanged_and_stable(text: str) -> None:
+    form = search_form(text)
+    assert search_form(form) == form
+    if text.isascii():
+        assert form == text
+
+
+def test_a_query_of_thousands_of_characters_builds_a_bounded_query(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review found that one run of 5,461 different characters (16 KiB, the default
+    ``limits.max_query_bytes``) built 21,843 clauses, ~28x the largest English query."""
+    log = RecordLog()
+    coffee = log.message("alice", "我昨天在东京喝了咖啡")
+    sizes: list[int] = []
+    boolean_query = tantivy.Query.boolean_query
+
+    def counting(clauses: list[Any]) -> tantivy.Query:
+        sizes.append(len(clauses))
+        return boolean_query(clauses)
+
+    query = "咖啡" + "".join(chr(0x4E00 + n) for n in range(5_461))
+    with LexicalModel(tmp_path / "lexical") as model:
+        model.apply(log.records)
+        monkeypatch.setattr(tantivy.Query, "boolean_query", counting)
+        assert found(model, query) == [coffee]
+    words = lexical.MAX_QUERY_TERMS
+    assert max(sizes) <= 3 * words + words
+
+
+def test_an_index_rewritten_after_an_erasure_keeps_its_search_form(tmp_path: Path) -> None:
+    log = RecordLog()
+    coffee = log.message("alice", "新しいiPhone手机でカフェを探した")
+    log.message("bob", "bob's note")
+    log.erase("bob")
+    with LexicalModel(tmp_path / "lexical") as model:
+        model.apply(log.records)
+        model.purge()
+        assert found(model, "手机") == [coffee]
+        assert found(model, "カフェ") == [coffee]
+        assert found(model, "iphone") == [coffee]

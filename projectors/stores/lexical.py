@@ -20,7 +20,6 @@ that deletes nothing.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import re
 import uuid
@@ -44,6 +43,7 @@ from prme.schemas.records import (
     memory_node_id,
 )
 
+from .lexical_terms import search_form, unspaced_pairs
 from .lexical_windows import LexicalDocument, SequencePoint, WindowStore
 
 MAX_QUERY_TERMS: Final = 256
@@ -62,19 +62,18 @@ _NODE_PREFIX: Final = "mem:"
 _U64: Final = (1 << 64) - 1
 _TERM = re.compile(r"[^\W_]+")
 WORDS_TOKENIZER: Final = "prme_words"
-"""The search fields' tokenizer: words of letters and digits, each character of a script
-written without spaces (Chinese, Japanese kana, Korean Hangul) a word of its own, then
-lower-cased, folded to ASCII (``café`` is ``cafe``, ``Straße`` is ``strasse``) and stemmed
-as English (``booked`` is ``book``)."""
+"""The search fields' tokenizer: Tantivy's simple tokenizer (words of letters and digits),
+lower-cased, folded to ASCII (``café`` is ``cafe``, ``Straße`` is ``strasse``) and stemmed as
+English (``booked`` is ``book``), over the text's ``search_form`` (each Chinese, Japanese or
+Korean character a word of its own)."""
 LEGACY_TOKENIZER: Final = "en_stem"
 """Tantivy's ``en_stem``: the search fields' tokenizer of an index built before 2026-12-07,
-kept until ``prme rebuild --model lexical`` builds it again."""
-_UNSPACED: Final = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}"
+kept (with the text as it is) until ``prme rebuild --model lexical`` builds it again."""
 
 
-def _analyzer(tokenizer: tantivy.Tokenizer, *, fold: bool) -> tantivy.TextAnalyzer:
+def _analyzer(*, fold: bool) -> tantivy.TextAnalyzer:
     builder = (
-        tantivy.TextAnalyzerBuilder(tokenizer)
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
         .filter(tantivy.Filter.remove_long(40))
         .filter(tantivy.Filter.lowercase())
     )
@@ -84,13 +83,16 @@ def _analyzer(tokenizer: tantivy.Tokenizer, *, fold: bool) -> tantivy.TextAnalyz
 
 
 _ANALYZERS: Final[dict[str, tantivy.TextAnalyzer]] = {
-    WORDS_TOKENIZER: _analyzer(
-        tantivy.Tokenizer.regex(rf"[{_UNSPACED}]|[[\p{{Alphabetic}}\p{{N}}]--[{_UNSPACED}]]+"),
-        fold=True,
-    ),
-    # What Tantivy registers as ``en_stem``, so the query applies it as the index did.
-    LEGACY_TOKENIZER: _analyzer(tantivy.Tokenizer.simple(), fold=False),
+    WORDS_TOKENIZER: _analyzer(fold=True),
+    # What Tantivy registers as ``en_stem``, so a query applies it as the index did.
+    LEGACY_TOKENIZER: _analyzer(fold=False),
 }
+_WORDS: Final = (
+    tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+    .filter(tantivy.Filter.lowercase())
+    .build()
+)
+"""A query's words as the index splits them, before folding and stemming."""
 _log = logging.getLogger(__name__)
 _STATES: Final[dict[type, NodeState]] = {
     records.NodeArchived: "archived",
@@ -399,6 +401,13 @@ class LexicalModel:
         return changed, points, erased, fresh
 
     def _document(self, document: LexicalDocument) -> tantivy.Document:
+        if not self._legacy_tokens:
+            document = msgspec.structs.replace(
+                document,
+                text=search_form(document.text),
+                context=search_form(document.context),
+                speaker=search_form(document.speaker),
+            )
         return tantivy.Document(**document_fields(document, fast_ids=self._fast_ids))
 
     def search(
@@ -415,10 +424,11 @@ class LexicalModel:
         such as ``what's "the plan`` or ``owner:bob NOT x`` is just words.
         """
         self._require_writer()  # a closed model answers nothing, like the other stores
-        terms = _TERM.findall(query.lower())[:MAX_QUERY_TERMS]
-        if not terms or limit <= 0:
+        text_query = (
+            self._legacy_text_query(query) if self._legacy_tokens else self._text_query(query)
+        )
+        if text_query is None or limit <= 0:
             return []
-        text_query = self._text_query(terms)
         searcher = self._index.searcher()
         excluded = (
             _excluded(searcher, self._schema, owner, include_inactive, limit)
@@ -444,23 +454,40 @@ class LexicalModel:
             for (score, address), high, low in zip(hits, highs, lows, strict=True)
         ]
 
-    def _text_query(self, terms: list[str]) -> tantivy.Query:
-        """The words as one flat disjunction of (field, term) clauses, each word once.
+    def _text_query(self, query: str) -> tantivy.Query | None:
+        """The query's words as one flat disjunction of (field, term) clauses, each word
+        once, and each pair of neighbouring unspaced characters as a phrase on ``text``;
+        ``None`` without words.
 
         Scores equal the query parser's (which nests a disjunction over the fields inside
         one per word, and drops a repeated word but not two words of one stem) up to float
         rounding, and a flat union of term queries is what Tantivy's block-max WAND prunes:
-        a query of common words over 100k documents stops scoring most of them. A word the
-        analyser splits (a run of Chinese or Japanese, one word per character) adds each
-        of its terms once and, on ``text``, each pair of neighbours as a phrase, so a
-        memory holding the characters in the query's order ranks first; under the legacy
-        tokenizer it keeps the parser's query (a phrase of the whole word)."""
+        a query of common words over 100k documents stops scoring most of them."""
+        form = search_form(query)
+        words = list(dict.fromkeys(_WORDS.analyze(form)))[:MAX_QUERY_TERMS]
+        clauses: list[tuple[Occur, tantivy.Query]] = []
+        for word in words:
+            for token in self._analyzer.analyze(word):
+                self._add_term(clauses, token)
+        if not clauses:
+            return None
+        for pair in unspaced_pairs(query, MAX_QUERY_TERMS):
+            phrase = Query.phrase_query(self._schema, "text", list(pair))
+            self._add_clause(clauses, "text", phrase)
+        return Query.boolean_query(clauses)
+
+    def _legacy_text_query(self, query: str) -> tantivy.Query | None:
+        """``_text_query`` for an index of ``LEGACY_TOKENIZER``: words as Python's ``\\w``
+        splits them, and a word the analyser splits keeps the parser's query (a phrase of
+        the whole word)."""
+        terms = _TERM.findall(query.lower())[:MAX_QUERY_TERMS]
+        if not terms:
+            return None
         clauses: list[tuple[Occur, tantivy.Query]] = []
         seen: set[str] = set()
-        split: set[str | tuple[str, str]] = set()
         for word in terms:
             tokens = self._analyzer.analyze(word)
-            if len(tokens) > 1 and self._legacy_tokens:
+            if len(tokens) > 1:
                 parsed, _errors = self._index.parse_query_lenient(
                     " ".join(terms), default_field_names=_SEARCH_FIELDS, field_boosts=self._boosts
                 )
@@ -468,9 +495,6 @@ class LexicalModel:
             if word in seen:
                 continue
             seen.add(word)
-            if len(tokens) > 1:
-                self._add_split_word(clauses, tokens, split)
-                continue
             for token in tokens:
                 self._add_term(clauses, token)
         return Query.boolean_query(clauses)
@@ -478,22 +502,6 @@ class LexicalModel:
     def _add_term(self, clauses: list[tuple[Occur, tantivy.Query]], token: str) -> None:
         for field in _SEARCH_FIELDS:
             self._add_clause(clauses, field, Query.term_query(self._schema, field, token))
-
-    def _add_split_word(
-        self,
-        clauses: list[tuple[Occur, tantivy.Query]],
-        tokens: list[str],
-        seen: set[str | tuple[str, str]],
-    ) -> None:
-        for token in tokens:
-            if token not in seen:
-                seen.add(token)
-                self._add_term(clauses, token)
-        for pair in itertools.pairwise(tokens):
-            if pair not in seen:
-                seen.add(pair)
-                phrase = Query.phrase_query(self._schema, "text", list(pair))
-                self._add_clause(clauses, "text", phrase)
 
     def _add_clause(
         self, clauses: list[tuple[Occur, tantivy.Query]], field: str, query: tantivy.Query

@@ -1,0 +1,57 @@
+"""The form of a text the lexical index searches, and a query's words and phrases in it.
+
+Tantivy's simple tokenizer splits on anything that is not a letter or digit, so a run of
+Chinese or Japanese (written without spaces) would be one word. The search form puts a
+space around each character of those scripts and of Korean Hangul, so each is a word of
+its own (the unigrams of Lucene's CJK analysis), after NFKC normalisation (half-width
+kana and full-width Latin take their usual form, decomposed Hangul is composed). ASCII
+text is its own search form. A query searches each character and, on ``text``, each pair
+of neighbours as a phrase, so the characters in the query's order rank first.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Final
+
+_UNSPACED_RANGES: Final = (
+    "\u1100-\u11ff"  # Hangul Jamo
+    "\u2e80-\u2fdf"  # CJK and Kangxi radicals
+    "\u3005-\u3007"  # 々 〆 〇
+    "\u3040-\u30ff"  # Hiragana, Katakana
+    "\u3130-\u318f"  # Hangul compatibility jamo
+    "\u31f0-\u31ff"  # Katakana phonetic extensions
+    "\u3400-\u4dbf"  # CJK extension A
+    "\u4e00-\u9fff"  # CJK unified ideographs
+    "\ua960-\ua97f"  # Hangul jamo extended A
+    "\uac00-\ud7ff"  # Hangul syllables, jamo extended B
+    "\uf900-\ufaff"  # CJK compatibility ideographs
+    "\U00020000-\U0003134f"  # CJK extensions B to G
+)
+_UNSPACED: Final = f"[{_UNSPACED_RANGES}]"
+_BESIDE_UNSPACED: Final = re.compile(rf"(?<={_UNSPACED})(?=\w)|(?<=\w)(?={_UNSPACED})")
+_UNSPACED_RUN: Final = re.compile(rf"{_UNSPACED}{{2,}}")
+
+
+def search_form(text: str) -> str:
+    """``text`` as the index takes it: NFKC, with a space between a character of a script
+    written without spaces and a letter or digit beside it. Applying it twice changes
+    nothing more."""
+    if text.isascii():
+        return text
+    return _BESIDE_UNSPACED.sub(" ", unicodedata.normalize("NFKC", text))
+
+
+def unspaced_pairs(query: str, limit: int) -> list[tuple[str, str]]:
+    """The neighbouring pairs in the query's runs of unspaced characters, each once, at
+    most ``limit``: ``咖啡店`` gives ``(咖, 啡)`` and ``(啡, 店)``."""
+    if query.isascii():
+        return []
+    pairs: dict[tuple[str, str], None] = {}
+    for run in _UNSPACED_RUN.findall(unicodedata.normalize("NFKC", query)):
+        for pair in zip(run, run[1:], strict=False):
+            pairs.setdefault(pair, None)
+            if len(pairs) == limit:
+                return list(pairs)
+    return list(pairs)
