@@ -2,11 +2,12 @@
 
 Tantivy's simple tokenizer splits on anything that is not a letter or digit, so a run of
 Chinese or Japanese (written without spaces) would be one word. The search form puts a
-space around each character of those scripts and of Korean Hangul, so each is a word of
-its own (the unigrams of Lucene's CJK analysis), after NFKC normalisation (half-width
-kana and full-width Latin take their usual form, decomposed Hangul is composed). ASCII
-text is its own search form. A query searches each character and, on ``text``, each pair
-of neighbours as a phrase, so the characters in the query's order rank first.
+space around each character of those scripts and of Korean Hangul (whose particles attach
+to the word), so each is a word of its own, as Lucene's standard tokenizer makes of Han and
+Hiragana, after NFKC normalisation (half-width kana and full-width Latin take their usual
+form, decomposed Hangul is composed). ASCII text is its own search form. A query searches
+each character and, on ``text``, each pair of neighbours as a phrase, so the characters in
+the query's order rank first.
 """
 
 from __future__ import annotations
