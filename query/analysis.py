@@ -19,6 +19,7 @@ Each stage is switched by its :class:`QuerySettings` flag and reported in the re
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Collection
 from datetime import datetime
 
@@ -222,7 +223,23 @@ STOPWORDS = frozenset(
         "anything",
     ]
 )
-_TOKEN = re.compile(r"[\w'’]+", re.UNICODE)
+
+
+def _mark_ranges() -> str:
+    """The combining marks of the Basic Multilingual Plane as a character class body:
+    Python's ``\\w`` leaves them out, which splits a Hindi or Thai word at its vowel signs
+    (and a decomposed ``é``) where the lexical index keeps it whole."""
+    ranges: list[tuple[int, int]] = []
+    for code in range(0x300, 0x10000):
+        if unicodedata.category(chr(code)).startswith("M"):
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1] = (ranges[-1][0], code)
+            else:
+                ranges.append((code, code))
+    return "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in ranges)
+
+
+_TOKEN = re.compile(rf"(?:[\w'’]|[{_mark_ranges()}])+")
 
 
 class QueryAnalysis(msgspec.Struct, frozen=True, kw_only=True):

@@ -612,8 +612,6 @@ class MemoryEngine(MemoryBackend):
     async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
         """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""
         request = checked(request)
-        if not request.query or not request.query.strip():
-            raise InvalidInput("query must not be empty")
         size = len(request.query.encode("utf-8", "surrogatepass"))
         if size > self.settings.limits.max_query_bytes:
             raise InvalidInput(

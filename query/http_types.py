@@ -29,6 +29,7 @@ from prme.schemas.records import (
     ID_PATTERN,
     PATH_ID_PATTERN,
     USER_ID_PATTERN,
+    VISIBLE_TEXT_PATTERN,
     Role,
     UserIdField,
 )
@@ -36,8 +37,6 @@ from prme.schemas.records import (
 from .fusion import FusionName
 from .types import Bundle, MemoryResult, Receipt
 
-TEXT_PATTERN = r"\S"
-"""Text that is not empty or whitespace only (a search: somewhere a non-space)."""
 TOKEN_PATTERN = r"^[0-9]+:[0-9]+$"
 """A consistency token as a query parameter, ``partition:offset``."""
 PATTERN_WORDS = {
@@ -53,7 +52,9 @@ PATTERN_WORDS = {
     "zero-width space, U+200D zero-width joiner as in joined emoji, U+FEFF, ...)",
     PATH_ID_PATTERN: "Expected an event or node id: no `/`, control characters or invisible "
     "characters",
-    TEXT_PATTERN: "Expected text that is not empty or only whitespace",
+    VISIBLE_TEXT_PATTERN: "Expected text that shows something: not only whitespace, control "
+    "characters or invisible ones (U+200B zero-width space, U+200D zero-width joiner, U+FEFF, "
+    "...)",
     TOKEN_PATTERN: "Expected a consistency token `partition:offset`",
 }
 """What the request types' patterns mean, for error messages."""
@@ -79,7 +80,7 @@ PathIdField = Annotated[
 NameField = Annotated[str, msgspec.Meta(min_length=1)]
 """A message's ``name``, ``tool_call_id`` or ``message_id``: null or not empty (the
 producer's ``check_names`` holds in-process writes to the same rule)."""
-QueryText = Annotated[str, msgspec.Meta(min_length=1, pattern=TEXT_PATTERN)]
+QueryText = Annotated[str, msgspec.Meta(min_length=1, pattern=VISIBLE_TEXT_PATTERN)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 FiniteFloat = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
 """A float that is not NaN or an infinity (in-process a caller can pass either)."""

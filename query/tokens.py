@@ -13,6 +13,11 @@ from tokenizers import Tokenizer
 _WORDS = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
 
+UNKNOWN_BYTES_PER_TOKEN = 3
+"""A piece of text the vocabulary does not know (``[UNK]``: a Thai word, an emoji, a run
+of full-width letters, whatever its length) counts one token per this many UTF-8 bytes,
+about one per character for the scripts it covers, instead of one in all."""
+
 CACHED_COUNTS = 50_000
 """Texts whose counts :meth:`TokenCounter.count_many` remembers: a bundle's lines are its
 memories, and the memories that answer come back request after request (counting was an
@@ -31,19 +36,25 @@ class TokenCounter:
         """Counts by a digest of the text: bounded memory, and no owner's text kept."""
         self._lock = threading.Lock()  # a sync wrapper's loop may count on another thread
         self._tokenizer: Tokenizer | None = None
+        self._unknown: int | None = None
         if tokenizer_file is not None and tokenizer_file.exists():
             self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
             self._tokenizer.no_truncation()
             self._tokenizer.no_padding()
+            self._unknown = self._tokenizer.token_to_id("[UNK]")
 
     @property
     def name(self) -> str:
         return "wordpiece" if self._tokenizer is not None else "regex"
 
     def count(self, text: str) -> int:
-        if self._tokenizer is not None:
-            return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
-        return len(_WORDS.findall(text))
+        if self._tokenizer is None:
+            return sum(_word_tokens(word) for word in _WORDS.findall(text))
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return sum(
+            _unknown_tokens(text[start:end]) if piece == self._unknown else 1
+            for piece, (start, end) in zip(encoding.ids, encoding.offsets, strict=True)
+        )
 
     def count_many(self, texts: list[str]) -> list[int]:
         """The counts of ``texts``; those counted lately are remembered (least recently
@@ -59,9 +70,12 @@ class TokenCounter:
                 encodings = self._tokenizer.encode_batch_fast(
                     texts_missing, add_special_tokens=False
                 )
-                fresh = [len(e.ids) for e in encodings]
+                fresh = [
+                    self.count(text) if self._unknown in encoding.ids else len(encoding.ids)
+                    for text, encoding in zip(texts_missing, encodings, strict=True)
+                ]
             else:
-                fresh = [len(_WORDS.findall(t)) for t in texts_missing]
+                fresh = [self.count(text) for text in texts_missing]
             found = dict(zip(missing, fresh, strict=True))
         else:
             found = {}
@@ -78,3 +92,13 @@ class TokenCounter:
             while len(counts) > self._cached:
                 counts.popitem(last=False)
             return answer
+
+
+def _unknown_tokens(piece: str) -> int:
+    return max(1, -(-len(piece.encode("utf-8", "surrogatepass")) // UNKNOWN_BYTES_PER_TOKEN))
+
+
+def _word_tokens(word: str) -> int:
+    """A word of the stand-in count: one, or as an unknown piece when it is not ASCII (a
+    run of Chinese or Thai is one ``\\w+`` match)."""
+    return 1 if word.isascii() else _unknown_tokens(word)

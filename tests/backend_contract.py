@@ -46,6 +46,8 @@ class MemoryBackendContract:
     async def test_bad_retrieve_parameters_are_invalid_input(self, backend: MemoryBackend) -> None:
         with pytest.raises(InvalidInput, match="query"):
             await backend.retrieve("   ", "alice")
+        with pytest.raises(InvalidInput, match="query"):
+            await backend.retrieve("\u200b\u3164", "alice")
         with pytest.raises(InvalidInput, match="top_k"):
             await backend.retrieve("cat", "alice", top_k=0)
         with pytest.raises(InvalidInput, match="top_k"):

@@ -351,6 +351,9 @@ class LexicalIndexContract:
             ("the cafe on the corner", "café"),
             ("She lives on the Hauptstraße", "hauptstrasse"),
             ("my naïve résumé", "naive resume"),
+            ("Wir fliegen nach İstanbul", "istanbul"),
+            ("Wir fliegen nach İstanbul", "İstanbul"),
+            ("We fly to Istanbul", "İstanbul"),
         ],
     )
     def test_accents_are_folded_in_text_and_query(

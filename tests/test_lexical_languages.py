@@ -38,7 +38,7 @@ def test_a_legacy_index_keeps_its_tokenizer_for_old_and_new_documents(
     later = log.message("alice", "Dinner at the café by the river", session="s2")
     kanji = log.message("alice", "我昨天在东京喝了咖啡", session="s3")
 
-    with caplog.at_level(logging.INFO, "prme.projectors.stores.lexical"):
+    with caplog.at_level(logging.WARNING, "prme.projectors.stores.lexical"):
         model = LexicalModel(tmp_path / "old")
     with model:
         model.apply(log.records)
@@ -125,3 +125,24 @@ def test_an_index_rewritten_after_an_erasure_keeps_its_search_form(tmp_path: Pat
         assert found(model, "手机") == [coffee]
         assert found(model, "カフェ") == [coffee]
         assert found(model, "iphone") == [coffee]
+
+
+@pytest.mark.parametrize(
+    ("stored", "query"),
+    [("मैं दिल्ली में हिन्दी पढ़ता हूँ", "हिन्दी"), ("ฉันชอบกินข้าว ที่ กรุงเทพ", "กรุงเทพ")],
+)
+async def test_stopword_stripping_keeps_words_with_vowel_signs_whole(
+    local_settings: PRMESettings, hashed_provider: Any, stored: str, query: str
+) -> None:
+    """Found by a new-user trial: the default ``strip_stopwords`` stage split ``हिन्दी`` at
+    its vowel signs (Python's ``\\w`` leaves combining marks out), so the lexical channel
+    searched ``ह न द`` and found nothing."""
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=hashed_provider
+    ) as engine:
+        await engine.store(stored, "alice")
+        await engine.store("The dentist appointment moved to Tuesday.", "alice")
+        response = await engine.retrieve(query, "alice")
+    assert response.receipt.analysis["lexical_query"] == query
+    assert response.results[0].text == stored
+    assert response.receipt.results[0].ranks["lexical"] == 1

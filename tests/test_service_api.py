@@ -99,7 +99,9 @@ async def test_a_pattern_error_says_the_rule_in_words(http: httpx.AsyncClient) -
     raw regular expression."""
     cases = [
         ("/v1/memories", {"user_id": " alice", "content": "x"}, "owner id without control"),
-        ("/v1/retrieve", {"user_id": "alice", "query": "   "}, "not empty or only whitespace"),
+        ("/v1/retrieve", {"user_id": "alice", "query": "   "}, "not only whitespace"),
+        # Found by a new-user trial: an invisible query was answered with vector noise.
+        ("/v1/retrieve", {"user_id": "alice", "query": "\u200b\u2060\ufeff"}, "invisible"),
     ]
     for path, body, words in cases:
         response = await http.post(path, json=body, headers=ADMIN)

@@ -37,3 +37,23 @@ def test_the_model_tokenizer_counts_the_same_remembered_or_not() -> None:
     assert counter.name == "wordpiece"
     assert counter.count_many(lines) == fresh
     assert counter.count_many(lines[::-1]) == fresh[::-1]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("unit", ["ฉันชอบกินข้าวผัดกุ้ง", "\U0001f600", "ＷＩＦＩ"])
+def test_text_the_vocabulary_does_not_know_counts_by_its_length(unit: str) -> None:
+    """Found by a new-user trial: a 20,000-character Thai memory counted 18 tokens (each
+    unknown word one ``[UNK]``), so it filled a bundle of 100."""
+    from prme.schemas.config import Settings
+
+    tokenizer = next(Path(Settings().models_path).rglob("tokenizer.json"), None)
+    assert tokenizer is not None, "make model provisions the default model"
+    text = unit * 200
+    counter = TokenCounter(tokenizer)
+    assert counter.count(text) >= len(text)
+    assert counter.count_many([text]) == [counter.count(text)]
+    assert counter.count("the cafe is open") == 4  # known words keep their count
+
+
+def test_the_stand_in_count_counts_a_run_of_chinese_by_its_length() -> None:
+    assert TokenCounter().count("我喜欢喝咖啡 and tea") == 6 + 2

@@ -294,7 +294,7 @@ class LexicalModel:
         self._analyzer = _ANALYZERS[opened.tokenizer]
         self._legacy_tokens = opened.tokenizer == LEGACY_TOKENIZER
         if self._legacy_tokens:
-            _log.info(
+            _log.warning(
                 "the lexical index in %s folds no accents and keeps runs of Chinese, Japanese "
                 "or Korean as one word; `prme rebuild --model lexical` builds it again",
                 index_dir,

@@ -36,12 +36,14 @@ _UNSPACED_RUN: Final = re.compile(rf"{_UNSPACED}{{2,}}")
 
 
 def search_form(text: str) -> str:
-    """``text`` as the index takes it: NFKC, with a space between a character of a script
-    written without spaces and a letter or digit beside it. Applying it twice changes
-    nothing more."""
+    """``text`` as the index takes it: NFKC, Turkish ``İ`` as ``I`` (lower-cased it would
+    be ``i`` and a combining dot, which splits the word), and a space between a character
+    of a script written without spaces and a letter or digit beside it. Applying it twice
+    changes nothing more."""
     if text.isascii():
         return text
-    return _BESIDE_UNSPACED.sub(" ", unicodedata.normalize("NFKC", text))
+    normal = unicodedata.normalize("NFKC", text).replace("\u0130", "I")
+    return _BESIDE_UNSPACED.sub(" ", normal)
 
 
 def unspaced_pairs(query: str, limit: int) -> list[tuple[str, str]]:
