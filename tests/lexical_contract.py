@@ -354,6 +354,11 @@ class LexicalIndexContract:
             ("Wir fliegen nach İstanbul", "istanbul"),
             ("Wir fliegen nach İstanbul", "İstanbul"),
             ("We fly to Istanbul", "İstanbul"),
+            ("Πήγαμε για καφές στην Αθήνα", "καφες αθηνα"),
+            ("Новогодняя ёлка стоит в зале", "елка"),
+            ("مَرْحَبًا بِكَ في البيت", "مرحبا"),
+            ("مرحبـــا يا صديقي", "مرحبا"),
+            ("שָׁלוֹם עֲלֵיכֶם", "שלום"),
         ],
     )
     def test_accents_are_folded_in_text_and_query(

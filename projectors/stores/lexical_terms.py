@@ -33,16 +33,29 @@ _UNSPACED_RANGES: Final = (
 _UNSPACED: Final = f"[{_UNSPACED_RANGES}]"
 _BESIDE_UNSPACED: Final = re.compile(rf"(?<={_UNSPACED})(?=\w)|(?<=\w)(?={_UNSPACED})")
 _UNSPACED_RUN: Final = re.compile(rf"{_UNSPACED}{{2,}}")
+_POINTED: Final = re.compile(r"[\u0370-\u03ff\u1f00-\u1fff\u0401\u0451\u0590-\u06ff\u0750-\u077f]")
+"""Greek, ``ё``, Hebrew and Arabic: scripts whose marks a search leaves out."""
+_OPTIONAL_MARKS: Final = re.compile(
+    r"(?<=[\u0370-\u03ff\u1f00-\u1fff])[\u0300-\u036f]+"  # Greek accents, diaeresis
+    r"|(?<=[\u0415\u0435])\u0308"  # ё as е
+    r"|[\u0591-\u05bd\u05bf\u05c1\u05c2\u05c4\u05c5\u05c7]"  # Hebrew points, cantillation
+    r"|[\u0610-\u061a\u0640\u064b-\u065f\u0670\u06d6-\u06dc\u06df-\u06e4\u06e7\u06e8"
+    r"\u06ea-\u06ed]"  # Arabic harakat, Quranic marks, tatweel
+)
 
 
 def search_form(text: str) -> str:
-    """``text`` as the index takes it: NFKC, Turkish ``İ`` as ``I`` (lower-cased it would
-    be ``i`` and a combining dot, which splits the word), and a space between a character
-    of a script written without spaces and a letter or digit beside it. Applying it twice
-    changes nothing more."""
+    """``text`` as the index takes it: NFKC; Turkish ``İ`` as ``I`` (lower-cased it would
+    be ``i`` and a combining dot, which splits the word); Greek without accents, ``ё`` as
+    ``е``, Hebrew without points and Arabic without harakat or tatweel (Tantivy's ASCII
+    folding only folds Latin); and a space between a character of a script written
+    without spaces and a letter or digit beside it. Applying it twice changes nothing more."""
     if text.isascii():
         return text
     normal = unicodedata.normalize("NFKC", text).replace("\u0130", "I")
+    if _POINTED.search(normal):
+        bare = _OPTIONAL_MARKS.sub("", unicodedata.normalize("NFD", normal))
+        normal = unicodedata.normalize("NFC", bare)
     return _BESIDE_UNSPACED.sub(" ", normal)
 
 
