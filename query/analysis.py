@@ -292,20 +292,48 @@ def analyse(
 
 
 def named_speakers(query: str, speakers: Collection[str]) -> list[str]:
-    """The ``speakers`` that ``query`` names as whole words (any case), first named first."""
+    """The ``speakers`` that ``query`` names as whole words (any case, with or without
+    accents: ``jose`` names ``José``), first named first."""
+    folded, _origin = _folded(query)
     found = []
     for speaker in {s.strip() for s in speakers if s.strip()}:
-        match = _name_pattern([speaker]).search(query)
+        name = _folded(speaker)[0]
+        match = _name_pattern([name]).search(folded) if name else None
         if match is not None:
             found.append((match.start(), speaker))
     return [speaker for _, speaker in sorted(found)]
 
 
 def strip_names(query: str, names: Collection[str]) -> str:
-    """``query`` without ``names`` (and their possessive ``'s``), spaces collapsed."""
-    if not names:
+    """``query`` without ``names`` (and their possessive ``'s``; any case, with or without
+    accents), spaces collapsed."""
+    folded_names = [name for name in (_folded(n.strip())[0] for n in names) if name]
+    if not folded_names:
         return query
-    return " ".join(_name_pattern(names).sub(" ", query).split())
+    folded, origin = _folded(query)
+    kept: list[str] = []
+    start = 0
+    for match in _name_pattern(folded_names).finditer(folded):
+        kept.append(query[start : origin[match.start()]])
+        start = origin[match.end() - 1] + 1
+    kept.append(query[start:])
+    return " ".join(" ".join(kept).split())
+
+
+def _folded(text: str) -> tuple[str, list[int]]:
+    """``text`` casefolded without its combining marks, and for each character of that the
+    index in ``text`` of the character it comes from."""
+    if text.isascii():
+        return text.lower(), list(range(len(text)))
+    chars: list[str] = []
+    origin: list[int] = []
+    for index, char in enumerate(text):
+        for part in unicodedata.normalize("NFKD", char):
+            if not unicodedata.category(part).startswith("M"):
+                for folded in part.casefold():
+                    chars.append(folded)
+                    origin.append(index)
+    return "".join(chars), origin
 
 
 def speaker_factor(analysis: QueryAnalysis, speaker: str | None, settings: QuerySettings) -> float:

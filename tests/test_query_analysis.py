@@ -217,6 +217,19 @@ def test_named_speakers_are_whole_words_in_any_case_first_named_first() -> None:
     assert named_speakers("What did Alice buy?", speakers) == []
 
 
+def test_a_name_is_named_with_or_without_its_accents() -> None:
+    """The lexical channel folds accents; the speaker stages did not, so ``jose`` did not
+    name the speaker ``José`` (nor ``Renee`` ``Renée``)."""
+    speakers = ["José", "Zoë", "Renée", "Melanie"]
+    assert named_speakers("what did jose and ZOE say?", speakers) == ["José", "Zoë"]
+    assert named_speakers("Did Renée call?", ["Renee"]) == ["Renee"]
+    assert strip_names("What did jose tell Renée's friend?", ["José", "Renée"]) == (
+        "What did tell friend?"
+    )
+    assert strip_names("¿Qué dijo JOSÉ de Zoë?", ["José", "Zoë"]) == "¿Qué dijo de ?"
+    assert strip_names("Did Joseph call?", ["José"]) == "Did Joseph call?"
+
+
 def test_strip_names_removes_names_and_their_possessive() -> None:
     query = "What did Caroline’s friend tell Melanie?"
     assert strip_names(query, ["Caroline", "Melanie"]) == "What did friend tell ?"
