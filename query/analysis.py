@@ -24,6 +24,7 @@ from collections.abc import Collection
 from datetime import datetime
 
 import msgspec
+import regex
 
 from prme.projectors.entities import extract_entities
 from prme.schemas.config import QuerySettings
@@ -224,22 +225,10 @@ STOPWORDS = frozenset(
     ]
 )
 
-
-def _mark_ranges() -> str:
-    """The combining marks of the Basic Multilingual Plane as a character class body:
-    Python's ``\\w`` leaves them out, which splits a Hindi or Thai word at its vowel signs
-    (and a decomposed ``é``) where the lexical index keeps it whole."""
-    ranges: list[tuple[int, int]] = []
-    for code in range(0x300, 0x10000):
-        if unicodedata.category(chr(code)).startswith("M"):
-            if ranges and ranges[-1][1] == code - 1:
-                ranges[-1] = (ranges[-1][0], code)
-            else:
-                ranges.append((code, code))
-    return "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in ranges)
-
-
-_TOKEN = re.compile(rf"(?:[\w'’]|[{_mark_ranges()}])+")
+_TOKEN = regex.compile(r"[\w\p{M}'’]+")
+"""A word of the query: combining marks included, which Python's ``re`` leaves out of
+``\\w`` (it split a Hindi or Thai word at its vowel signs where the lexical index keeps
+it whole)."""
 
 
 class QueryAnalysis(msgspec.Struct, frozen=True, kw_only=True):

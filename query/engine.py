@@ -612,6 +612,13 @@ class MemoryEngine(MemoryBackend):
     async def retrieve_request(self, request: RetrieveRequest) -> RetrieveResponse:
         """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""
         request = checked(request)
+        try:
+            request.query.encode()
+        except UnicodeEncodeError as error:
+            raise InvalidInput(
+                f"query holds a lone surrogate at character {error.start}, which is no "
+                "character - at $.query"
+            ) from None
         size = len(request.query.encode("utf-8", "surrogatepass"))
         if size > self.settings.limits.max_query_bytes:
             raise InvalidInput(

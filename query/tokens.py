@@ -8,7 +8,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 _WORDS = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -50,7 +50,9 @@ class TokenCounter:
     def count(self, text: str) -> int:
         if self._tokenizer is None:
             return sum(_word_tokens(word) for word in _WORDS.findall(text))
-        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return self._counted(text, self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _counted(self, text: str, encoding: Encoding) -> int:
         return sum(
             _unknown_tokens(text[start:end]) if piece == self._unknown else 1
             for piece, (start, end) in zip(encoding.ids, encoding.offsets, strict=True)
@@ -70,10 +72,14 @@ class TokenCounter:
                 encodings = self._tokenizer.encode_batch_fast(
                     texts_missing, add_special_tokens=False
                 )
-                fresh = [
-                    self.count(text) if self._unknown in encoding.ids else len(encoding.ids)
-                    for text, encoding in zip(texts_missing, encodings, strict=True)
-                ]
+                fresh = [len(e.ids) for e in encodings]
+                unknown = [i for i, e in enumerate(encodings) if self._unknown in e.ids]
+                if unknown:  # their offsets, in one more batch
+                    again = self._tokenizer.encode_batch(
+                        [texts_missing[i] for i in unknown], add_special_tokens=False
+                    )
+                    for i, encoding in zip(unknown, again, strict=True):
+                        fresh[i] = self._counted(texts_missing[i], encoding)
             else:
                 fresh = [self.count(text) for text in texts_missing]
             found = dict(zip(missing, fresh, strict=True))

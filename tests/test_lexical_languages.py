@@ -17,6 +17,7 @@ from prme.projectors.stores import lexical
 from prme.projectors.stores.lexical import LexicalModel
 from prme.projectors.stores.lexical_terms import search_form
 from prme.schemas.config import Settings as PRMESettings
+from prme.schemas.errors import InvalidInput
 
 from .lexical_contract import legacy_schema
 from .record_builders import RecordLog
@@ -82,13 +83,37 @@ async def test_rebuilding_the_lexical_model_upgrades_a_legacy_index(
         await engine.close()
 
 
+_MIXED = "ΌόάΐAaé \u0301\u0308\u05b8\u05c1\u064e\u0640ﾞﾟｶ咖啡İёЁ ש"
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+@given(
+    st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+    | st.text(alphabet=st.sampled_from(_MIXED), max_size=12)
+)
 def test_the_search_form_is_ascii_unchanged_and_stable(text: str) -> None:
     form = search_form(text)
     assert search_form(form) == form
     if text.isascii():
         assert form == text
+
+
+def test_a_mark_reordered_beside_a_greek_letter_is_left_out_too() -> None:
+    """A review found ``Όﾞ test`` changed on a second pass (NFKC put the kana's voicing
+    mark between the letter and its accent), so a purge re-formed the stored text."""
+    assert search_form(search_form("Όﾞ test")) == search_form("Όﾞ test")
+
+
+async def test_a_lone_surrogate_in_a_query_is_invalid_input(
+    local_settings: PRMESettings, hashed_provider: Any
+) -> None:
+    """Only in-process (JSON refuses one): the lexical channel failed on it with
+    ``UnicodeEncodeError`` in the receipt."""
+    async with await MemoryEngine.create(
+        settings=local_settings, embedding_provider=hashed_provider
+    ) as engine:
+        with pytest.raises(InvalidInput, match="lone surrogate .* at \\$\\.query"):
+            await engine.retrieve("caf\ud800", "alice")
 
 
 def test_a_query_of_thousands_of_characters_builds_a_bounded_query(

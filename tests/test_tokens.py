@@ -57,3 +57,14 @@ def test_text_the_vocabulary_does_not_know_counts_by_its_length(unit: str) -> No
 
 def test_the_stand_in_count_counts_a_run_of_chinese_by_its_length() -> None:
     assert TokenCounter().count("我喜欢喝咖啡 and tea") == 6 + 2
+
+
+@pytest.mark.model
+def test_a_batch_with_unknown_pieces_counts_as_each_text_alone() -> None:
+    from prme.schemas.config import Settings
+
+    tokenizer = next(Path(Settings().models_path).rglob("tokenizer.json"), None)
+    assert tokenizer is not None, "make model provisions the default model"
+    texts = ["we met at the cafe", "so happy \U0001f600\U0001f600", "ข้าวผัด at noon", "plain"]
+    counter = TokenCounter(tokenizer, cached=0)
+    assert counter.count_many(texts) == [counter.count(text) for text in texts]

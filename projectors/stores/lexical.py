@@ -71,10 +71,15 @@ LEGACY_TOKENIZER: Final = "en_stem"
 kept (with the text as it is) until ``prme rebuild --model lexical`` builds it again."""
 
 
-def _analyzer(*, fold: bool) -> tantivy.TextAnalyzer:
+MAX_WORD_BYTES: Final = 100
+"""Longer words are left out of the index (a 21-letter Russian word is 42 bytes of UTF-8;
+``en_stem`` leaves out words over 40)."""
+
+
+def _analyzer(*, fold: bool, max_word_bytes: int) -> tantivy.TextAnalyzer:
     builder = (
         tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
-        .filter(tantivy.Filter.remove_long(40))
+        .filter(tantivy.Filter.remove_long(max_word_bytes))
         .filter(tantivy.Filter.lowercase())
     )
     if fold:
@@ -83,9 +88,9 @@ def _analyzer(*, fold: bool) -> tantivy.TextAnalyzer:
 
 
 _ANALYZERS: Final[dict[str, tantivy.TextAnalyzer]] = {
-    WORDS_TOKENIZER: _analyzer(fold=True),
+    WORDS_TOKENIZER: _analyzer(fold=True, max_word_bytes=MAX_WORD_BYTES),
     # What Tantivy registers as ``en_stem``, so a query applies it as the index did.
-    LEGACY_TOKENIZER: _analyzer(fold=False),
+    LEGACY_TOKENIZER: _analyzer(fold=False, max_word_bytes=40),
 }
 _WORDS: Final = (
     tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())

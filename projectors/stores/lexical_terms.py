@@ -16,23 +16,12 @@ import re
 import unicodedata
 from typing import Final
 
-_UNSPACED_RANGES: Final = (
-    "\u1100-\u11ff"  # Hangul Jamo
-    "\u2e80-\u2fdf"  # CJK and Kangxi radicals
-    "\u3005-\u3007"  # 々 〆 〇
-    "\u3040-\u30ff"  # Hiragana, Katakana
-    "\u3130-\u318f"  # Hangul compatibility jamo
-    "\u31f0-\u31ff"  # Katakana phonetic extensions
-    "\u3400-\u4dbf"  # CJK extension A
-    "\u4e00-\u9fff"  # CJK unified ideographs
-    "\ua960-\ua97f"  # Hangul jamo extended A
-    "\uac00-\ud7ff"  # Hangul syllables, jamo extended B
-    "\uf900-\ufaff"  # CJK compatibility ideographs
-    "\U00020000-\U0003134f"  # CJK extensions B to G
-)
-_UNSPACED: Final = f"[{_UNSPACED_RANGES}]"
-_BESIDE_UNSPACED: Final = re.compile(rf"(?<={_UNSPACED})(?=\w)|(?<=\w)(?={_UNSPACED})")
-_UNSPACED_RUN: Final = re.compile(rf"{_UNSPACED}{{2,}}")
+import regex
+
+_UNSPACED: Final = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]"
+_UNSPACED_CHAR: Final = regex.compile(_UNSPACED)
+_BESIDE_UNSPACED: Final = regex.compile(rf"(?<={_UNSPACED})(?=\w)|(?<=\w)(?={_UNSPACED})")
+_UNSPACED_RUN: Final = regex.compile(rf"{_UNSPACED}{{2,}}")
 _POINTED: Final = re.compile(r"[\u0370-\u03ff\u1f00-\u1fff\u0401\u0451\u0590-\u06ff\u0750-\u077f]")
 """Greek, ``ё``, Hebrew and Arabic: scripts whose marks a search leaves out."""
 _OPTIONAL_MARKS: Final = re.compile(
@@ -52,10 +41,25 @@ def search_form(text: str) -> str:
     without spaces and a letter or digit beside it. Applying it twice changes nothing more."""
     if text.isascii():
         return text
+    form = _formed(text)
+    for _ in range(_MAX_PASSES):  # a mark reordered next to a Greek letter goes next time
+        again = _formed(form)
+        if again == form:
+            break
+        form = again
+    return form
+
+
+_MAX_PASSES: Final = 8
+
+
+def _formed(text: str) -> str:
     normal = unicodedata.normalize("NFKC", text).replace("\u0130", "I")
     if _POINTED.search(normal):
         bare = _OPTIONAL_MARKS.sub("", unicodedata.normalize("NFD", normal))
         normal = unicodedata.normalize("NFC", bare)
+    if _UNSPACED_CHAR.search(normal) is None:
+        return normal
     return _BESIDE_UNSPACED.sub(" ", normal)
 
 
