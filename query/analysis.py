@@ -22,9 +22,11 @@ import re
 import unicodedata
 from collections.abc import Collection
 from datetime import datetime
+from typing import Final
 
 import msgspec
 import regex
+import tantivy
 
 from prme.projectors.entities import extract_entities
 from prme.schemas.config import QuerySettings
@@ -225,10 +227,11 @@ STOPWORDS = frozenset(
     ]
 )
 
-_TOKEN = regex.compile(r"[\w\p{M}'’]+")
-"""A word of the query: combining marks included, which Python's ``re`` leaves out of
-``\\w`` (it split a Hindi or Thai word at its vowel signs where the lexical index keeps
-it whole)."""
+_TOKEN = regex.compile(r"[\p{L}\p{N}_'’][\w\p{M}'’]*")
+"""A word of the query: a letter, digit or apostrophe, then combining marks too, which
+Python's ``re`` leaves out of ``\\w`` (it split a Hindi or Thai word at its vowel signs
+where the lexical index keeps it whole); a lone mark (an emoji's variation selector) is
+no word."""
 
 
 class QueryAnalysis(msgspec.Struct, frozen=True, kw_only=True):
@@ -305,12 +308,15 @@ def strip_names(query: str, names: Collection[str]) -> str:
     for match in _name_pattern(folded_names).finditer(folded):
         kept.append(query[start : origin[match.start()]])
         start = origin[match.end() - 1] + 1
+        while start < len(query) and unicodedata.category(query[start]).startswith("M"):
+            start += 1  # a decomposed accent of the name's last letter
     kept.append(query[start:])
     return " ".join(" ".join(kept).split())
 
 
 def _folded(text: str) -> tuple[str, list[int]]:
-    """``text`` casefolded without its combining marks, and for each character of that the
+    """``text`` casefolded without its combining marks and folded to ASCII as the lexical
+    index folds it (``ø`` is ``o``, ``ł`` is ``l``), and for each character of that the
     index in ``text`` of the character it comes from."""
     if text.isascii():
         return text.lower(), list(range(len(text)))
@@ -318,11 +324,20 @@ def _folded(text: str) -> tuple[str, list[int]]:
     origin: list[int] = []
     for index, char in enumerate(text):
         for part in unicodedata.normalize("NFKD", char):
-            if not unicodedata.category(part).startswith("M"):
-                for folded in part.casefold():
-                    chars.append(folded)
-                    origin.append(index)
+            if unicodedata.category(part).startswith("M"):
+                continue
+            if not part.isascii():
+                part = (_ASCII_FOLD.analyze(part) or [part])[0]
+            for folded in part.casefold():
+                chars.append(folded)
+                origin.append(index)
     return "".join(chars), origin
+
+
+_ASCII_FOLD: Final = (
+    tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.raw()).filter(tantivy.Filter.ascii_fold()).build()
+)
+"""Tantivy's ASCII folding, the lexical index's, on one character at a time."""
 
 
 def speaker_factor(analysis: QueryAnalysis, speaker: str | None, settings: QuerySettings) -> float:

@@ -360,6 +360,9 @@ class LexicalIndexContract:
             ("مرحبـــا يا صديقي", "مرحبا"),
             ("שָׁלוֹם עֲלֵיכֶם", "שלום"),
             ("Достопримечательности Москвы", "достопримечательности"),
+            ("Bir fincan καφές στην Αθήνα", "ΚΑΦΕΣ"),
+            ("με τους φίλους μας", "φιλουσ"),
+            ("Wir fliegen nach İstanbul", "i\u0307stanbul"),  # "İstanbul".lower()
         ],
     )
     def test_accents_are_folded_in_text_and_query(

@@ -83,7 +83,7 @@ async def test_rebuilding_the_lexical_model_upgrades_a_legacy_index(
         await engine.close()
 
 
-_MIXED = "ΌόάΐAaé \u0301\u0308\u05b8\u05c1\u064e\u0640ﾞﾟｶ咖啡İёЁ ש"
+_MIXED = "ΌόάΐςΣi\u0307Aaé \u0301\u0308\u05b8\u05c1\u064e\u0640ﾞﾟｶ咖啡İёЁ ש"
 
 
 @settings(max_examples=300, deadline=None)

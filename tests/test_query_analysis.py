@@ -228,6 +228,18 @@ def test_a_name_is_named_with_or_without_its_accents() -> None:
     )
     assert strip_names("¿Qué dijo JOSÉ de Zoë?", ["José", "Zoë"]) == "¿Qué dijo de ?"
     assert strip_names("Did Joseph call?", ["José"]) == "Did Joseph call?"
+    # Folded as the lexical index folds them (a re-trial: soren found Søren lexically only).
+    assert named_speakers("what did soren and lukasz say", ["Søren", "Łukasz"]) == [
+        "Søren",
+        "Łukasz",
+    ]
+    assert strip_names("what did Jose\u0301 say", ["Jose\u0301"]) == "what did say"
+
+
+def test_a_word_of_the_query_starts_with_a_letter_or_digit() -> None:
+    """A re-trial: ``❤️`` left its invisible variation selector as the lexical query."""
+    assert strip_stopwords("❤️") == ""
+    assert strip_stopwords("मैं हिन्दी पढ़ता") == "मैं हिन्दी पढ़ता"
 
 
 def test_strip_names_removes_names_and_their_possessive() -> None:

@@ -35,7 +35,8 @@ _OPTIONAL_MARKS: Final = re.compile(
 
 def search_form(text: str) -> str:
     """``text`` as the index takes it: NFKC; Turkish ``İ`` as ``I`` (lower-cased it would
-    be ``i`` and a combining dot, which splits the word); Greek without accents, ``ё`` as
+    be ``i`` and a combining dot, which splits the word), and without a combining dot
+    above; Greek final ``ς`` as ``σ``; Greek without accents, ``ё`` as
     ``е``, Hebrew without points and Arabic without harakat or tatweel (Tantivy's ASCII
     folding only folds Latin); and a space between a character of a script written
     without spaces and a letter or digit beside it. Applying it twice changes nothing more."""
@@ -51,10 +52,13 @@ def search_form(text: str) -> str:
 
 
 _MAX_PASSES: Final = 8
+_SAME_LETTERS: Final = str.maketrans({"\u0130": "I", "\u0307": None, "\u03c2": "\u03c3"})
+"""Turkish ``İ`` as ``I`` and the combining dot that lower-casing it leaves after ``i``
+(either splits the word), and Greek final ``ς`` as ``σ`` (``ΚΑΦΕΣ`` lower-cases to ``σ``)."""
 
 
 def _formed(text: str) -> str:
-    normal = unicodedata.normalize("NFKC", text).replace("\u0130", "I")
+    normal = unicodedata.normalize("NFKC", text).translate(_SAME_LETTERS)
     if _POINTED.search(normal):
         bare = _OPTIONAL_MARKS.sub("", unicodedata.normalize("NFD", normal))
         normal = unicodedata.normalize("NFC", bare)
