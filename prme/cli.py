@@ -701,6 +701,12 @@ def render_status(status: dict[str, Any]) -> str:
         f"{'partition':>9} {'log end':>9} {'applied':>9} {'lag':>7} {'lag s':>7} "
         f"{'dead':>5} {'size MiB':>9}",
     ]
+    if legacy := status.get("lexical_legacy_partitions"):
+        lines.insert(
+            len(lines) - 1,
+            f"lexical: earlier terms (no accent folding, a CJK run one word) in partitions "
+            f"{legacy}: prme rebuild --model lexical",
+        )
     for p in status["partitions"]:
         size = sum(p["size_bytes"].values()) / 2**20
         lines.append(

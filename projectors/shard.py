@@ -197,6 +197,12 @@ class Shard:
         vector = self.models.get("vector")
         return bool(vector is not None and getattr(vector, "identity_mismatch", False))
 
+    @property
+    def lexical_legacy(self) -> bool:
+        """Whether the lexical index has its earlier terms (``prme rebuild --model lexical``)."""
+        lexical = self.models.get("lexical")
+        return bool(lexical is not None and getattr(lexical, "legacy_terms", False))
+
     def live_models(self) -> dict[ModelName, ReadModel]:
         """The models a batch is applied to (a mismatched vector model waits for a rebuild)."""
         return {

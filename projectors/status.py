@@ -197,6 +197,9 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     cluster: ClusterHealth | None = None
     """Whether every partition of the topic has a live owner serving it: filled by the
     service (``query/cluster_health.py``), which asks the other owners."""
+    lexical_legacy_partitions: list[int] = []
+    """This process's partitions whose lexical index has the terms of before 2026-12-07 (no
+    accent folding, a run of CJK characters one word): ``prme rebuild --model lexical``."""
 
 
 async def node_status(runner: ProjectorRunner) -> NodeStatus:
@@ -233,6 +236,9 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
             mismatched_partitions=sorted(
                 p for p, shard in runner.shards.items() if shard.vector_mismatch
             ),
+        ),
+        lexical_legacy_partitions=sorted(
+            p for p, shard in runner.shards.items() if shard.lexical_legacy
         ),
         group_members=None if group is None else group.members,
         group_state=None if group is None else group.state,

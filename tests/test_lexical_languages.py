@@ -7,12 +7,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import tantivy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prme import MemoryEngine
+from prme.cli import render_status
+from prme.producers.partitioner import partition_for_key
+from prme.projectors.status import node_status
 from prme.projectors.stores import lexical
 from prme.projectors.stores.lexical import LexicalModel
 from prme.projectors.stores.lexical_terms import search_form
@@ -75,7 +79,14 @@ async def test_rebuilding_the_lexical_model_upgrades_a_legacy_index(
     try:
         before = await engine.retrieve("cafe", "alice")
         assert all("lexical" not in found.ranks for found in before.receipt.results)
+        status = msgspec.to_builtins(await node_status(engine.runner))
+        # The one partition whose index the earlier build made (the others have no records).
+        assert status["lexical_legacy_partitions"] == [partition_for_key(b"alice", 4)]
+        assert "prme rebuild --model lexical" in render_status(status)
         await engine.rebuild(models=["lexical"])
+        status = msgspec.to_builtins(await node_status(engine.runner))
+        assert status["lexical_legacy_partitions"] == []
+        assert "earlier terms" not in render_status(status)
         after = await engine.retrieve("cafe", "alice")
         assert after.results[0].text == "We had lunch at the Café Landtmann in Wien."
         assert after.receipt.results[0].ranks["lexical"] == 1

@@ -322,6 +322,11 @@ class LexicalModel:
         self._offset = self._stored_offset()
         self._speakers: dict[str, list[str]] = {}
 
+    @property
+    def legacy_terms(self) -> bool:
+        """Whether the index has the terms of before 2026-12-07 (``LEGACY_TOKENIZER``)."""
+        return self._legacy_tokens
+
     def _stored_offset(self) -> int:
         searcher = self._index.searcher()
         hits = searcher.search(Query.term_query(self._schema, "node_id", TRACKING_ID), 1).hits
