@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Final
 
@@ -314,12 +314,12 @@ def strip_names(query: str, names: Collection[str]) -> str:
     return " ".join(" ".join(kept).split())
 
 
-def _folded(text: str) -> tuple[str, list[int]]:
+def _folded(text: str) -> tuple[str, Sequence[int]]:
     """``text`` casefolded without its combining marks and folded to ASCII as the lexical
     index folds it (``ø`` is ``o``, ``ł`` is ``l``), and for each character of that the
     index in ``text`` of the character it comes from."""
     if text.isascii():
-        return text.lower(), list(range(len(text)))
+        return text.lower(), range(len(text))
     chars: list[str] = []
     origin: list[int] = []
     for index, char in enumerate(text):

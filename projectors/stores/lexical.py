@@ -297,8 +297,8 @@ class LexicalModel:
         opened = _open_index(_schema(), index_dir)
         self._index, self._fast_ids = opened.index, opened.fast_ids
         self._analyzer = _ANALYZERS[opened.tokenizer]
-        self._legacy_tokens = opened.tokenizer == LEGACY_TOKENIZER
-        if self._legacy_tokens:
+        self._legacy_terms = opened.tokenizer == LEGACY_TOKENIZER
+        if self._legacy_terms:
             _log.warning(
                 "the lexical index in %s folds no accents and keeps runs of Chinese, Japanese "
                 "or Korean as one word; `prme rebuild --model lexical` builds it again",
@@ -325,7 +325,7 @@ class LexicalModel:
     @property
     def legacy_terms(self) -> bool:
         """Whether the index has the terms of before 2026-12-07 (``LEGACY_TOKENIZER``)."""
-        return self._legacy_tokens
+        return self._legacy_terms
 
     def _stored_offset(self) -> int:
         searcher = self._index.searcher()
@@ -411,7 +411,7 @@ class LexicalModel:
         return changed, points, erased, fresh
 
     def _document(self, document: LexicalDocument) -> tantivy.Document:
-        if not self._legacy_tokens:
+        if not self._legacy_terms:
             document = msgspec.structs.replace(
                 document,
                 text=search_form(document.text),
@@ -435,7 +435,7 @@ class LexicalModel:
         """
         self._require_writer()  # a closed model answers nothing, like the other stores
         text_query = (
-            self._legacy_text_query(query) if self._legacy_tokens else self._text_query(query)
+            self._legacy_text_query(query) if self._legacy_terms else self._text_query(query)
         )
         if text_query is None or limit <= 0:
             return []
