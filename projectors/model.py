@@ -9,9 +9,9 @@ record), so re-applying records after a crash is harmless.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -54,6 +54,26 @@ class ProjectedRecord(msgspec.Struct, frozen=True, kw_only=True):
     (stored as they are: no re-encoding)."""
     sealed: bytes | None = None
     """The sealed bytes on the log, when the record was sealed (what a dead letter keeps)."""
+
+
+Commit = Callable[[], None]
+"""Makes a staged batch durable with its offset (``StagedCommits.stage``)."""
+
+
+@runtime_checkable
+class StagedCommits(Protocol):
+    """A read model whose commit waits on its engine's own threads (Tantivy indexes a
+    batch on its threads while ``commit`` waits for them, without the GIL). The shard
+    stages a batch while it holds the apply gate and runs the commit after releasing it,
+    in the same call on the shard's thread (nothing runs between the two), so the next
+    shard's GIL-bound steps overlap the engine's work. ``apply`` is ``stage`` then the
+    commit."""
+
+    def stage(self, batch: list[ProjectedRecord]) -> Commit | None:
+        """Write the batch past the applied offset without committing it; the step that
+        commits it and then moves the applied offset, or ``None`` when nothing was
+        written. Raises as ``apply`` does, with nothing staged."""
+        ...
 
 
 class ModelClosed(RuntimeError):

@@ -13,9 +13,10 @@ import asyncio
 import glob
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,7 +39,7 @@ from .dead_letters import DeadLetter
 from .derive import derive_node, embedding_text
 from .embeddings.protocol import EmbeddingIdentity
 from .erasure import Forgetting
-from .model import ModelClosed, ModelName, ProjectedRecord, ReadModel
+from .model import Commit, ModelClosed, ModelName, ProjectedRecord, ReadModel, StagedCommits
 from .registry import MODEL_NAMES, ModelContext, ReadModelSpec, open_read_model, read_models
 from .repeats import FirstCopies
 
@@ -249,14 +250,38 @@ class Shard:
                 await self._changelog.record(self.partition, projected)
             if self._forgetting is not None:
                 self._forgetting.before_apply(self, projected)
-            async with self._gated():
-                dead.extend(await self.run(self._apply_all, live, projected))
+            dead.extend(await self._write(live, projected))
             if self._forgetting is not None:
                 await self._forgetting.after_apply(self, projected)
         return dead
 
     def _gated(self) -> AbstractAsyncContextManager[Any]:
         return self.apply_gate if self.apply_gate is not None else nullcontext()
+
+    async def _write(
+        self, live: dict[ModelName, ReadModel], projected: list[ProjectedRecord]
+    ) -> list[DeadLetter]:
+        """Apply ``projected`` to the models on the shard's thread, holding the apply gate
+        until every model has written or staged it: the staged models' commits, which wait
+        on their engines' threads, run after the gate is free (``StagedCommits``)."""
+        gate = self.apply_gate
+        if gate is None:
+            return await self.run(self._apply_all, live, projected, _nothing)
+        loop = asyncio.get_running_loop()
+        staged: asyncio.Future[None] = loop.create_future()
+
+        def release() -> None:  # on the shard's thread
+            with suppress(RuntimeError):  # a loop closed meanwhile has no gate to free
+                loop.call_soon_threadsafe(_resolve, staged)
+
+        async with gate:
+            writing = asyncio.ensure_future(self.run(self._apply_all, live, projected, release))
+            try:
+                await asyncio.wait((writing, staged), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                writing.cancel()
+                raise
+        return await writing
 
     def _project(
         self, entries: Sequence[LogEntry], floor: int, keys: dict[KeyRef, bytes]
@@ -325,20 +350,52 @@ class Shard:
         ]
 
     def _apply_all(
-        self, live: dict[ModelName, ReadModel], projected: list[ProjectedRecord]
+        self,
+        live: dict[ModelName, ReadModel],
+        projected: list[ProjectedRecord],
+        release: Callable[[], None],
     ) -> list[DeadLetter]:
+        """Apply (or stage) ``projected`` to each model, call ``release`` (the apply gate
+        may be freed), then commit what was staged. A model that fails on a record is
+        applied one record at a time; the staged commits run even when a later model fails
+        with another error, as each model's whole ``apply`` did."""
         dead: list[DeadLetter] = []
-        for name, model in live.items():
-            applied = model.applied_offset()  # a query, for the SQLite models
-            todo = [p for p in projected if p.offset > applied]
-            if not todo:
-                continue
-            try:
-                with self._metrics.apply_duration.labels(name).time():
-                    model.apply(todo)
-            except RECORD_FAULTS:
-                dead.extend(self._apply_one_by_one(name, model, todo))
+        commits: list[tuple[ModelName, ReadModel, list[ProjectedRecord], Commit, float]] = []
+        try:
+            for name, model in live.items():
+                applied = model.applied_offset()  # a query, for the SQLite models
+                todo = [p for p in projected if p.offset > applied]
+                if not todo:
+                    continue
+                started = time.perf_counter()
+                try:
+                    if isinstance(model, StagedCommits):
+                        commit = model.stage(todo)
+                        if commit is not None:
+                            staging = time.perf_counter() - started
+                            commits.append((name, model, todo, commit, staging))
+                            continue
+                    else:
+                        model.apply(todo)
+                except RECORD_FAULTS:
+                    dead.extend(self._apply_one_by_one(name, model, todo))
+                    continue
+                self._observe_apply(name, time.perf_counter() - started)
+        finally:
+            release()
+            for name, model, todo, commit, staging in commits:
+                committing = time.perf_counter()
+                try:
+                    commit()
+                except RECORD_FAULTS:
+                    dead.extend(self._apply_one_by_one(name, model, todo))
+                    continue
+                # The time staging plus the time committing, not the other models' between.
+                self._observe_apply(name, staging + time.perf_counter() - committing)
         return dead
+
+    def _observe_apply(self, name: ModelName, seconds: float) -> None:
+        self._metrics.apply_duration.labels(name).observe(seconds)
 
     def _apply_one_by_one(
         self, name: ModelName, model: ReadModel, todo: list[ProjectedRecord]
@@ -393,6 +450,15 @@ class Shard:
             # A search still running beside need not hold up the loop; one still queued
             # finds no model and answers ShardUnavailable.
             self._beside.shutdown(wait=False)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def replace_model_directory(live: Path, staged: Path) -> None:

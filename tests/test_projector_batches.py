@@ -34,8 +34,11 @@ from prme.projectors.runner import (
     next_batch_size,
 )
 from prme.projectors.shard import Shard
+from prme.projectors.stores.graph import GraphModel
+from prme.projectors.stores.lexical import LexicalModel
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.config import Settings
+from prme.schemas.errors import ShardUnavailable
 
 
 def test_the_batch_size_doubles_while_polls_come_back_full_and_resets_after() -> None:
@@ -159,12 +162,19 @@ class _Turns:
         self.most: dict[int, int] = {}
         self.gates_together = 0
         """Steps that began while a step under another gate was running."""
+        self.threads: list[int] = []
+        """The threads (shards) in a gated step now."""
         self._lock = threading.Lock()
         for name in ("_project", "_apply_all"):
             monkeypatch.setattr(Shard, name, self._counted(getattr(Shard, name)))
 
     def busy(self) -> bool:
         return any(self.running.values())
+
+    def busy_elsewhere(self) -> bool:
+        """Whether a shard other than the calling thread's is in a gated step."""
+        with self._lock:
+            return any(thread != threading.get_ident() for thread in self.threads)
 
     def _counted(self, step: Any) -> Any:
         def counted(shard: Shard, *args: Any) -> Any:
@@ -173,12 +183,30 @@ class _Turns:
                 self.gates_together += any(n for g, n in self.running.items() if g != gate)
                 self.running[gate] = self.running.get(gate, 0) + 1
                 self.most[gate] = max(self.most.get(gate, 0), self.running[gate])
+                self.threads.append(threading.get_ident())
+            done = False
+
+            def end() -> None:
+                nonlocal done
+                with self._lock:
+                    if not done:
+                        done = True
+                        self.running[gate] -= 1
+                        self.threads.remove(threading.get_ident())
+
+            if step.__name__ == "_apply_all":  # its gated part ends where it releases the gate
+                *args, release = args
+
+                def released() -> None:
+                    end()
+                    release()
+
+                args.append(released)
             try:
                 time.sleep(0.1)
                 return step(shard, *args)
             finally:
-                with self._lock:
-                    self.running[gate] -= 1
+                end()
 
         return counted
 
@@ -241,6 +269,87 @@ async def test_shards_take_turns_to_decode_and_write_but_not_to_embed(
     assert turns.gates_together > 0
 
 
+async def test_a_shard_commits_its_lexical_batch_while_another_takes_the_gate(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tantivy's commit waits on its indexing threads without the GIL, so a shard commits
+    its lexical batch after freeing the apply gate: another shard decodes or writes
+    meanwhile, the gated steps still take turns, and every batch ends up committed."""
+    await _fill(local_settings, 600, owners=16)
+    turns = _Turns(monkeypatch)
+    stage = LexicalModel.stage
+    beside: list[bool] = []  # per commit: whether another shard's gated step ran meanwhile
+
+    def slowly_committed(model: LexicalModel, batch: list[ProjectedRecord]) -> Any:
+        commit = stage(model, batch)
+        if commit is None:
+            return None
+
+        def commit_slowly() -> None:
+            time.sleep(0.15)
+            beside.append(turns.busy_elsewhere())
+            commit()
+
+        return commit_slowly
+
+    monkeypatch.setattr(LexicalModel, "stage", slowly_committed)
+    transport = open_transport(local_settings)
+    await transport.start()
+    runner = ProjectorRunner(local_settings, transport, hashed_provider, batch_size=32)
+    try:
+        await runner.start()
+        await runner.catch_up(timeout_s=120)
+        offsets = {
+            partition: {name: m.applied_offset() for name, m in shard.models.items()}
+            for partition, shard in runner.shards.items()
+        }
+        ends = await transport.end_offsets()
+    finally:
+        await runner.close()
+        await transport.close()
+    assert any(beside) and len(beside) >= 4
+    assert len(turns.most) == 1 and turns.most.popitem()[1] == 1
+    assert turns.gates_together == 0
+    for partition, applied in offsets.items():
+        assert set(applied.values()) == {ends[partition] - 1}, (partition, applied)
+
+
+async def test_a_model_failing_after_the_lexical_stage_still_gets_the_batch_committed(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A staged lexical batch is committed even when a model after it fails with an
+    error that stops the projector, as the whole ``apply`` of each model before it was;
+    the failing model keeps its offset and applies the batch after a restart."""
+    settings = local_settings.replace(log={"partitions": 1})
+    await _fill(settings, 40, owners=2)
+
+    def full_disk(model: Any, batch: list[ProjectedRecord]) -> None:
+        raise OSError(28, "No space left on device")
+
+    transport = open_transport(settings)
+    await transport.start()
+    runner = ProjectorRunner(settings, transport, hashed_provider)
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(GraphModel, "apply", full_disk)
+            await runner.start()
+            with pytest.raises(ShardUnavailable, match="No space left"):
+                await runner.catch_up(timeout_s=60)
+            models = runner.shards[0].models
+            assert models["lexical"].applied_offset() == 39
+            assert models["graph"].applied_offset() == -1
+    finally:
+        await runner.close()
+    runner = ProjectorRunner(settings, transport, hashed_provider)
+    try:
+        await runner.start()
+        await runner.catch_up(timeout_s=60)
+        assert {m.applied_offset() for m in runner.shards[0].models.values()} == {39}
+    finally:
+        await runner.close()
+        await transport.close()
+
+
 async def test_a_rebuilds_last_catch_up_takes_the_owned_shards_turn(
     local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -252,9 +361,9 @@ async def test_a_rebuilds_last_catch_up_takes_the_owned_shards_turn(
     gates: list[tuple[str, int, object]] = []  # (shard folder, first offset, gate held)
     apply_all = Shard._apply_all
 
-    def noted(shard: Shard, live: Any, projected: list[ProjectedRecord]) -> Any:
+    def noted(shard: Shard, live: Any, projected: list[ProjectedRecord], release: Any) -> Any:
         gates.append((shard.directory.name, projected[0].offset, shard.apply_gate))
-        return apply_all(shard, live, projected)
+        return apply_all(shard, live, projected, release)
 
     monkeypatch.setattr(Shard, "_apply_all", noted)
     transport = open_transport(settings)

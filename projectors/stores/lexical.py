@@ -30,7 +30,7 @@ import msgspec
 import tantivy
 from tantivy import Occur, Query
 
-from prme.projectors.model import ModelName, NodeState, ProjectedRecord
+from prme.projectors.model import Commit, ModelName, NodeState, ProjectedRecord
 from prme.schemas import records
 from prme.schemas.config import LexicalSettings
 from prme.schemas.errors import PRMEError
@@ -339,9 +339,17 @@ class LexicalModel:
 
     def apply(self, batch: list[ProjectedRecord]) -> None:
         """Apply the records past :meth:`applied_offset`, then commit them with the offset."""
+        commit = self.stage(batch)
+        if commit is not None:
+            commit()
+
+    def stage(self, batch: list[ProjectedRecord]) -> Commit | None:
+        """Write the records past :meth:`applied_offset` to the sidecar (committed) and to
+        the index writer (not committed); the returned step commits the index with the
+        offset (see ``StagedCommits``)."""
         items = [item for item in batch if item.offset > self._offset]
         if not items:
-            return
+            return None
         writer = self._require_writer()
         try:
             changed, points, erased, fresh = self._update_windows(items)
@@ -362,14 +370,26 @@ class LexicalModel:
                     writer.add_document(self._document(document))
             writer.delete_documents_by_term("node_id", TRACKING_ID)
             writer.add_document(tantivy.Document(node_id=TRACKING_ID, offset=last))
-            writer.commit()
         except BaseException:
-            writer.rollback()  # a new writer inside, stamping from the last commit again
-            _take_commit_opstamp(writer)
+            self._roll_back(writer)
             raise
-        self._index.reload()
-        self._offset = last
-        self._speakers.clear()
+
+        def commit() -> None:
+            try:
+                writer.commit()
+            except BaseException:
+                self._roll_back(writer)
+                raise
+            self._index.reload()
+            self._offset = last
+            self._speakers.clear()
+
+        return commit
+
+    @staticmethod
+    def _roll_back(writer: tantivy.IndexWriter) -> None:
+        writer.rollback()  # a new writer inside, stamping from the last commit again
+        _take_commit_opstamp(writer)
 
     def _update_windows(
         self, items: list[ProjectedRecord]
