@@ -166,14 +166,19 @@ def _structured_matches(text: str, *, fast: bool = True) -> Iterator[tuple[int, 
 
     With ``fast``, extractors that cannot match are skipped (every date and amount needs
     a digit, a month name starts with one of ``_MONTH_STEMS``, a title needs a quote
-    mark), and ASCII text is matched lower-cased without IGNORECASE (about twice as
-    fast); the matches are the same."""
+    mark; in ASCII text an ISO date needs a ``-``, a currency amount a ``$`` and a
+    percentage ``%`` or ``per``), and ASCII text is matched lower-cased without
+    IGNORECASE (about twice as fast); the matches are the same."""
     digits = not fast or _DIGIT.search(text) is not None
     ascii_lower = text.lower() if fast and text.isascii() else None
     subject = text if ascii_lower is None else ascii_lower
     months = digits and (ascii_lower is None or any(stem in ascii_lower for stem in _MONTH_STEMS))
     lower = ascii_lower is not None
-    if digits:
+    iso_dates = currencies = percentages = digits
+    if lower and digits:
+        iso_dates, currencies = "-" in subject, "$" in subject
+        percentages = "%" in subject or "per" in subject
+    if iso_dates:
         for match in (_ISO_DATE_L if lower else _ISO_DATE).finditer(subject):
             if _valid_date(int(match["mon"]), int(match["day"])):
                 yield match.start(), match.end(), match.group(0)
@@ -197,12 +202,14 @@ def _structured_matches(text: str, *, fast: bool = True) -> Iterator[tuple[int, 
             title = next(group for group in match.groups() if group is not None).strip()
             if title and any(ch.isalnum() for ch in title):
                 yield match.start(), match.end(), title
-    if digits:
+    if currencies:
         for match in (_CURRENCY_L if lower else _CURRENCY).finditer(subject):
             multiplier = (match["mult"] or "").casefold()
             yield match.start(), match.end(), f"{match['sym']}{match['num']}{multiplier}"
+    if percentages:
         for match in (_PERCENT_L if lower else _PERCENT).finditer(subject):
             yield match.start(), match.end(), f"{match['num']}%"
+    if digits:
         for match in (_NUMBER_UNIT_L if lower else _NUMBER_UNIT).finditer(subject):
             yield match.start(), match.end(), f"{match['num']} {match['unit']}"
 

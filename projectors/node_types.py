@@ -42,11 +42,30 @@ _FACT = re.compile(
     re.IGNORECASE,
 )
 _TOOL_ROLES = frozenset({"tool", "function"})
+_CUE_KINDS: tuple[NodeType, ...] = ("decision", "task", "preference")
 
 
 _LOWERED = tuple(re.compile(p.pattern) for p in (_DECISION, _TASK, _PREFERENCE, _FACT))
 """The cue patterns without IGNORECASE, for ASCII text already lower-cased: on ASCII text
 they match exactly where the IGNORECASE ones do, about twice as fast."""
+
+_NEEDED = (
+    (
+        "decid", "go with", "going with", "let's use", "lets use", "chose", "settled on",
+        "agreed", "the plan is", "final decision",
+    ),
+    (
+        "todo", "to-do", "need", "have to", "has to", "must", "remind me", "forget",
+        "deadline", "due ", "action item", "follow up",
+    ),
+    (
+        "prefer", "i like", "i love", "i enjoy", "hate", "favo", "dislike", "can't stand",
+        "i'd rather", "fan of", "i'm into",
+    ),
+)  # fmt: skip
+"""For lower-cased ASCII text: each cue of the decision, task and preference patterns
+holds one of its pattern's strings, so a text holding none cannot match it and the
+pattern's scan (the costly part of a classification) is skipped."""
 
 
 def classify_node_type(text: str, role: str) -> NodeType:
@@ -54,16 +73,16 @@ def classify_node_type(text: str, role: str) -> NodeType:
     normal = text.replace("’", "'")
     if normal.isascii():
         subject = normal.lower()
-        decision, task, preference, fact = _LOWERED
+        for pattern, needed, kind in zip(_LOWERED, _NEEDED, _CUE_KINDS, strict=False):
+            if any(map(subject.__contains__, needed)) and pattern.search(subject):
+                return kind
+        fact = _LOWERED[3]
     else:
         subject = normal
-        decision, task, preference, fact = _DECISION, _TASK, _PREFERENCE, _FACT
-    if decision.search(subject):
-        return "decision"
-    if task.search(subject):
-        return "task"
-    if preference.search(subject):
-        return "preference"
+        for pattern, kind in zip((_DECISION, _TASK, _PREFERENCE), _CUE_KINDS, strict=True):
+            if pattern.search(subject):
+                return kind
+        fact = _FACT
     stripped = normal.strip()
     if stripped.endswith("?"):
         return "note"

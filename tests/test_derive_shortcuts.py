@@ -24,8 +24,10 @@ TRICKY = [
     "Thanks! The weather is nice. I think so. What a day! Hello there, Jon.",
     "We decided to go with Postgres. Don't forget the deadline! I'd rather not. Is it?",
     "i’m into jazz; I’d rather WAIT. We Will Go With plan B",
+    "GOING WITH it; a To-Do, DUE ON friday; my favourite, fan of it; Settled On x; lets use y",
     "",
     "12345 67 8.5% 2023-13-45 2023-02-31 mar 33 Mar. 3rd, 2020",
+    "It cost $3K and 10 PERCENT more, 5 per cent less, 7% off on 2023-05-07; 20 percentile",
 ]
 
 
@@ -81,6 +83,36 @@ def test_node_type_shortcut_matches_the_case_insensitive_rules() -> None:
     for text in _texts():
         for role in ("user", "tool"):
             assert classify_node_type(text, role) == reference(text, role), text
+
+
+def _cues(pattern: re.Pattern[str]) -> list[str]:
+    """Every phrase a ``\\b(?:a|b|...)\\b`` cue pattern matches (``x?`` both ways)."""
+    body = pattern.pattern.split(r"\b(?:", 1)[1].split(r")\b", 1)[0]
+    phrases: list[str] = []
+    for alternative in body.split("|"):
+        variants = [alternative]
+        while any("?" in v for v in variants):
+            variants = [
+                form
+                for v in variants
+                for form in (
+                    (v[: v.index("?") - 1] + v[v.index("?") + 1 :], v.replace("?", "", 1))
+                    if "?" in v
+                    else (v,)
+                )
+            ]
+        phrases.extend(variants)
+    return phrases
+
+
+def test_every_cue_holds_a_string_its_shortcut_looks_for() -> None:
+    patterns = (node_types._DECISION, node_types._TASK, node_types._PREFERENCE)
+    for pattern, needed in zip(patterns, node_types._NEEDED, strict=True):
+        cues = _cues(pattern)
+        assert len(cues) >= 10 and all(re.fullmatch(r"[a-z' -]+", cue) for cue in cues)
+        for cue in cues:
+            assert any(part in cue for part in needed), cue
+            assert re.search(pattern, cue), cue
 
 
 def test_hashed_provider_vectors_match_the_plain_recipe() -> None:
