@@ -8,6 +8,9 @@ import random
 import re
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from prme.projectors import node_types
 from prme.projectors.entities import _extract
 from prme.projectors.node_types import classify_node_type
@@ -59,6 +62,54 @@ def test_entity_shortcuts_find_what_the_plain_rules_find() -> None:
     assert len(texts) > 300
     for text in texts:
         assert _extract(text, fast=True) == _extract(text, fast=False), text
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "a",
+                "Z",
+                "é",
+                "É",
+                "ß",
+                "İ",
+                "x1",
+                "9",
+                "_",
+                "'",
+                "’",
+                "-",
+                " ",
+                "  ",
+                ".",
+                "?",
+                "\n",
+                '"',
+                "of",
+                "Of",
+                "the",
+                "The",
+                "i'm",
+                "Dr.",
+                "Bank",
+                "May",
+                "'s",
+                "²",
+                "ǅ",
+                "Ⓐ",
+                "中",
+                "$3",
+                "%",
+                "\u0301",
+            ]
+        ),
+        max_size=30,
+    ).map("".join)
+)
+def test_entity_shortcuts_agree_on_text_made_of_awkward_pieces(text: str) -> None:
+    assert _extract(text, fast=True) == _extract(text, fast=False)
 
 
 def test_node_type_shortcut_matches_the_case_insensitive_rules() -> None:
