@@ -49,7 +49,7 @@ from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
 from prme.projectors.embeddings.model_assets import ensure_default_model
 from prme.projectors.embeddings.protocol import EmbeddingProvider, array_encoder
 from prme.projectors.embeddings.validation import validate_matrix
-from prme.projectors.model import ProjectedRecord, ReadModel
+from prme.projectors.model import Commit, ProjectedRecord, ReadModel, StagedCommits
 from prme.projectors.runner import ProjectorRunner
 from prme.schemas.config import Settings
 
@@ -97,7 +97,8 @@ class TimedProvider:
 
 
 class StampedModel:
-    """A read model that records, per applied offset, when its ``apply`` returned."""
+    """A read model that records, per applied offset, when its ``apply`` (or, for a model
+    that stages its batches, its commit) returned."""
 
     def __init__(self, inner: ReadModel, partition: int, stamps: Stamps) -> None:
         self.name = inner.name
@@ -110,6 +111,25 @@ class StampedModel:
 
     def apply(self, batch: list[ProjectedRecord]) -> None:
         self._inner.apply(batch)
+        self._stamp(batch)
+
+    def stage(self, batch: list[ProjectedRecord]) -> Commit | None:
+        """The inner model's ``stage``, stamped when its commit returns (the shard stages
+        any model that has ``stage``; one that does not is applied here)."""
+        if not isinstance(self._inner, StagedCommits):
+            self.apply(batch)
+            return None
+        commit = self._inner.stage(batch)
+        if commit is None:
+            return None
+
+        def stamped() -> None:
+            commit()
+            self._stamp(batch)
+
+        return stamped
+
+    def _stamp(self, batch: list[ProjectedRecord]) -> None:
         now = time.perf_counter()
         for item in batch:
             self._stamps.setdefault((self._partition, item.offset), {})[self.name] = now

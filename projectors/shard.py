@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from prme.producers.sealing import keys_for
 from prme.producers.transport import LogEntry
@@ -357,10 +357,11 @@ class Shard:
     ) -> list[DeadLetter]:
         """Apply (or stage) ``projected`` to each model, call ``release`` (the apply gate
         may be freed), then commit what was staged. A model that fails on a record is
-        applied one record at a time; the staged commits run even when a later model fails
-        with another error, as each model's whole ``apply`` did."""
+        applied one record at a time. Every staged commit runs, even when a later model
+        (or another commit) fails with another error, as each model's whole ``apply`` did;
+        the first such error is raised."""
         dead: list[DeadLetter] = []
-        commits: list[tuple[ModelName, ReadModel, list[ProjectedRecord], Commit, float]] = []
+        commits: list[_Staged] = []
         try:
             for name, model in live.items():
                 applied = model.applied_offset()  # a query, for the SQLite models
@@ -373,26 +374,46 @@ class Shard:
                         commit = model.stage(todo)
                         if commit is not None:
                             staging = time.perf_counter() - started
-                            commits.append((name, model, todo, commit, staging))
+                            commits.append(_Staged(name, model, todo, commit, staging))
                             continue
                     else:
                         model.apply(todo)
                 except RECORD_FAULTS:
+                    self._observe_apply(name, time.perf_counter() - started)
                     dead.extend(self._apply_one_by_one(name, model, todo))
                     continue
+                except BaseException:
+                    self._observe_apply(name, time.perf_counter() - started)
+                    raise
                 self._observe_apply(name, time.perf_counter() - started)
-        finally:
+        except BaseException as error:
             release()
-            for name, model, todo, commit, staging in commits:
-                committing = time.perf_counter()
-                try:
-                    commit()
-                except RECORD_FAULTS:
-                    dead.extend(self._apply_one_by_one(name, model, todo))
-                    continue
-                # The time staging plus the time committing, not the other models' between.
-                self._observe_apply(name, staging + time.perf_counter() - committing)
+            if (failure := self._commit_staged(commits, dead)) is not None:
+                error.add_note(f"and a staged commit failed too: {failure!r}")
+            raise
+        release()
+        if (failure := self._commit_staged(commits, dead)) is not None:
+            raise failure
         return dead
+
+    def _commit_staged(
+        self, commits: list[_Staged], dead: list[DeadLetter]
+    ) -> BaseException | None:
+        """Run every staged commit; the first error that is not a record's (the others
+        are tried all the same). A commit that fails on a record falls back to applying
+        the model one record at a time, as ``apply`` does."""
+        failure: BaseException | None = None
+        for staged in commits:
+            committing = time.perf_counter()
+            try:
+                staged.commit()
+            except RECORD_FAULTS:
+                dead.extend(self._apply_one_by_one(staged.name, staged.model, staged.todo))
+            except BaseException as error:
+                failure = failure or error
+            # The time staging plus the time committing, not the other models' between.
+            self._observe_apply(staged.name, staged.seconds + time.perf_counter() - committing)
+        return failure
 
     def _observe_apply(self, name: ModelName, seconds: float) -> None:
         self._metrics.apply_duration.labels(name).observe(seconds)
@@ -450,6 +471,17 @@ class Shard:
             # A search still running beside need not hold up the loop; one still queued
             # finds no model and answers ShardUnavailable.
             self._beside.shutdown(wait=False)
+
+
+class _Staged(NamedTuple):
+    """A model's staged batch, waiting for its commit (``StagedCommits``)."""
+
+    name: ModelName
+    model: ReadModel
+    todo: list[ProjectedRecord]
+    commit: Commit
+    seconds: float
+    """The time staging took."""
 
 
 def _nothing() -> None:

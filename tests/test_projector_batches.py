@@ -38,7 +38,8 @@ from prme.projectors.stores.graph import GraphModel
 from prme.projectors.stores.lexical import LexicalModel
 from prme.schemas.codec import decode_record, encode_record
 from prme.schemas.config import Settings
-from prme.schemas.errors import ShardUnavailable
+from prme.schemas.errors import InvalidInput, ShardUnavailable
+from tests.record_builders import msg, projected
 
 
 def test_the_batch_size_doubles_while_polls_come_back_full_and_resets_after() -> None:
@@ -195,13 +196,13 @@ class _Turns:
                         self.threads.remove(threading.get_ident())
 
             if step.__name__ == "_apply_all":  # its gated part ends where it releases the gate
-                *args, release = args
+                release = args[-1]
 
                 def released() -> None:
                     end()
                     release()
 
-                args.append(released)
+                args = (*args[:-1], released)
             try:
                 time.sleep(0.1)
                 return step(shard, *args)
@@ -348,6 +349,99 @@ async def test_a_model_failing_after_the_lexical_stage_still_gets_the_batch_comm
     finally:
         await runner.close()
         await transport.close()
+
+
+class _Staging:
+    """A read model that stages its batches; its commit fails with ``error`` if given."""
+
+    def __init__(self, name: str, error: BaseException | None = None) -> None:
+        self.name = name
+        self.error = error
+        self.committed: list[int] = []
+
+    def applied_offset(self) -> int:
+        return -1
+
+    def stage(self, batch: list[ProjectedRecord]) -> Any:
+        def commit() -> None:
+            if self.error is not None:
+                raise self.error
+            self.committed.extend(item.offset for item in batch)
+
+        return commit
+
+    def apply(self, batch: list[ProjectedRecord]) -> None:
+        self.stage(batch)()
+
+    def digest(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        pass
+
+
+class _Failing(_Staging):
+    """A read model that does not stage, and fails with an error that is not a record's."""
+
+    def apply(self, batch: list[ProjectedRecord]) -> None:
+        raise OSError(28, "No space left on device")
+
+    stage = None  # type: ignore[assignment]
+
+
+def test_every_staged_commit_runs_when_a_model_or_a_commit_fails(
+    local_settings: Settings, hashed_provider: Any
+) -> None:
+    shard = partition_zero(local_settings, hashed_provider)
+    batch = projected([msg(f"e{i}", f"text {i}") for i in range(3)])
+    released: list[bool] = []
+    first, second = _Staging("one", OSError(5, "I/O error")), _Staging("two")
+    with pytest.raises(OSError, match="I/O error"):
+        shard._apply_all({"one": first, "two": second}, batch, lambda: released.append(True))
+    assert second.committed == [0, 1, 2] and released == [True]
+
+    staged, failing = _Staging("one"), _Failing("two")
+    with pytest.raises(OSError, match="No space") as raised:
+        shard._apply_all({"one": staged, "two": failing}, batch, lambda: released.append(True))
+    assert staged.committed == [0, 1, 2] and released == [True, True]
+    assert not raised.value.__notes__ if hasattr(raised.value, "__notes__") else True
+
+    broken, failing = _Staging("one", OSError(5, "I/O error")), _Failing("two")
+    with pytest.raises(OSError, match="No space") as raised:
+        shard._apply_all({"one": broken, "two": failing}, batch, lambda: released.append(True))
+    assert "a staged commit failed too" in " ".join(raised.value.__notes__)
+
+
+async def test_a_batch_that_fails_in_a_model_is_still_timed(
+    local_settings: Settings, hashed_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prme_projector_apply_duration_seconds`` counts a batch whose ``apply`` raised (it
+    is then applied one record at a time), as it did before models could stage."""
+    settings = local_settings.replace(log={"partitions": 1})
+    await _fill(settings, 40, owners=2)
+    apply = GraphModel.apply
+
+    def refuses_batches(model: GraphModel, batch: list[ProjectedRecord]) -> None:
+        if len(batch) > 1:
+            raise InvalidInput("one at a time, please")
+        apply(model, batch)
+
+    monkeypatch.setattr(GraphModel, "apply", refuses_batches)
+    engine = await MemoryEngine.create(settings=settings, embedding_provider=hashed_provider)
+    try:
+        await engine.runner.catch_up(timeout_s=60)
+        registry = engine.metrics.registry
+        counts = {
+            name: registry.get_sample_value(
+                "prme_projector_apply_duration_seconds_count", {"model": name}
+            )
+            for name in ("graph", "lexical")
+        }
+        assert engine.runner.dead_letter_count == 0
+    finally:
+        await engine.close()
+    assert counts["graph"] is not None and counts["graph"] >= 1
+    assert counts["lexical"] is not None and counts["lexical"] >= 1
 
 
 async def test_a_rebuilds_last_catch_up_takes_the_owned_shards_turn(
