@@ -67,7 +67,8 @@ class StagedCommits(Protocol):
     stages a batch while it holds the apply gate and runs the commit after releasing it,
     in the same call on the shard's thread (nothing runs between the two), so the next
     shard's GIL-bound steps overlap the engine's work. ``apply`` is ``stage`` then the
-    commit."""
+    commit. The shard stages any model that has ``stage``: a wrapper that forwards
+    attributes must wrap ``stage`` as well as ``apply``."""
 
     def stage(self, batch: list[ProjectedRecord]) -> Commit | None:
         """Write the batch past the applied offset without committing it; the step that
