@@ -73,7 +73,7 @@ def classify_node_type(text: str, role: str) -> NodeType:
     normal = text.replace("’", "'")
     if normal.isascii():
         subject = normal.lower()
-        for pattern, needed, kind in zip(_LOWERED, _NEEDED, _CUE_KINDS, strict=False):
+        for pattern, needed, kind in zip(_LOWERED[:3], _NEEDED, _CUE_KINDS, strict=True):
             if any(map(subject.__contains__, needed)) and pattern.search(subject):
                 return kind
         fact = _LOWERED[3]

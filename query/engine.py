@@ -613,13 +613,12 @@ class MemoryEngine(MemoryBackend):
         """:meth:`retrieve` with its parameters in one Struct (as the HTTP service gets them)."""
         request = checked(request)
         try:
-            request.query.encode()
+            size = len(request.query.encode())
         except UnicodeEncodeError as error:
             raise InvalidInput(
                 f"query holds a lone surrogate at character {error.start}, which is no "
                 "character - at $.query"
             ) from None
-        size = len(request.query.encode("utf-8", "surrogatepass"))
         if size > self.settings.limits.max_query_bytes:
             raise InvalidInput(
                 f"query is {size} bytes, over the limit of {self.settings.limits.max_query_bytes}"

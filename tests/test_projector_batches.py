@@ -4,11 +4,13 @@ progress, and the history and events models keep the bytes the log gave them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from prme import MemoryEngine
 from prme.producers.factory import open_transport
 from prme.producers.partitioner import partition_for_key
 from prme.producers.producer import MessageDraft, Producer
-from prme.producers.transport import LogItem
+from prme.producers.transport import LogItem, LogTransport
 from prme.projectors import rebuild_worker
 from prme.projectors import runner as runner_module
 from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
@@ -153,6 +155,22 @@ async def test_a_small_write_is_not_held_behind_another_partitions_costly_backlo
     assert waited < 6.0, waited  # 256 texts at 40 ms: >10 s before
 
 
+@contextlib.asynccontextmanager
+async def _started(
+    settings: Settings, provider: Any, **options: Any
+) -> AsyncIterator[tuple[ProjectorRunner, LogTransport]]:
+    """A started runner over ``settings``' log, and the log; both closed afterwards."""
+    transport = open_transport(settings)
+    await transport.start()
+    runner = ProjectorRunner(settings, transport, provider, **options)
+    try:
+        await runner.start()
+        yield runner, transport
+    finally:
+        await runner.close()
+        await transport.close()
+
+
 class _Turns:
     """Tracks the gated steps (a shard decoding a batch, a shard writing one) in progress
     at once, per gate the shard holds; each step is made to take 0.1 s, longer than an
@@ -239,11 +257,7 @@ async def test_shards_take_turns_to_decode_and_write_but_not_to_embed(
     await _fill(local_settings, 800, owners=16)
     turns = _Turns(monkeypatch)
     provider = _SlowProvider(turns)
-    transport = open_transport(local_settings)
-    await transport.start()
-    runner = ProjectorRunner(local_settings, transport, provider, batch_size=32)
-    try:
-        await runner.start()
+    async with _started(local_settings, provider, batch_size=32) as (runner, transport):
         await runner.catch_up(timeout_s=120)
         applied = {p: shard.applied_offset() for p, shard in runner.shards.items()}
         assert len(turns.most) == 1 and turns.most.popitem()[1] == 1
@@ -259,9 +273,6 @@ async def test_shards_take_turns_to_decode_and_write_but_not_to_embed(
             await runner.wait_applied(receipt.position.partition, receipt.position.offset, 60)
             written += 1
         replayed = await rebuild
-    finally:
-        await runner.close()
-        await transport.close()
     assert sum(offset + 1 for offset in applied.values()) == 800
     assert 800 <= sum(replayed.values()) <= 800 + written
     assert written > 0
@@ -294,20 +305,13 @@ async def test_a_shard_commits_its_lexical_batch_while_another_takes_the_gate(
         return commit_slowly
 
     monkeypatch.setattr(LexicalModel, "stage", slowly_committed)
-    transport = open_transport(local_settings)
-    await transport.start()
-    runner = ProjectorRunner(local_settings, transport, hashed_provider, batch_size=32)
-    try:
-        await runner.start()
+    async with _started(local_settings, hashed_provider, batch_size=32) as (runner, transport):
         await runner.catch_up(timeout_s=120)
         offsets = {
             partition: {name: m.applied_offset() for name, m in shard.models.items()}
             for partition, shard in runner.shards.items()
         }
         ends = await transport.end_offsets()
-    finally:
-        await runner.close()
-        await transport.close()
     assert any(beside) and len(beside) >= 4
     assert len(turns.most) == 1 and turns.most.popitem()[1] == 1
     assert turns.gates_together == 0
@@ -327,28 +331,17 @@ async def test_a_model_failing_after_the_lexical_stage_still_gets_the_batch_comm
     def full_disk(model: Any, batch: list[ProjectedRecord]) -> None:
         raise OSError(28, "No space left on device")
 
-    transport = open_transport(settings)
-    await transport.start()
-    runner = ProjectorRunner(settings, transport, hashed_provider)
-    try:
-        with monkeypatch.context() as patched:
-            patched.setattr(GraphModel, "apply", full_disk)
-            await runner.start()
+    with monkeypatch.context() as patched:
+        patched.setattr(GraphModel, "apply", full_disk)
+        async with _started(settings, hashed_provider) as (runner, _):
             with pytest.raises(ShardUnavailable, match="No space left"):
                 await runner.catch_up(timeout_s=60)
             models = runner.shards[0].models
             assert models["lexical"].applied_offset() == 39
             assert models["graph"].applied_offset() == -1
-    finally:
-        await runner.close()
-    runner = ProjectorRunner(settings, transport, hashed_provider)
-    try:
-        await runner.start()
+    async with _started(settings, hashed_provider) as (runner, _):
         await runner.catch_up(timeout_s=60)
         assert {m.applied_offset() for m in runner.shards[0].models.values()} == {39}
-    finally:
-        await runner.close()
-        await transport.close()
 
 
 class _Staging:
@@ -380,13 +373,23 @@ class _Staging:
         pass
 
 
-class _Failing(_Staging):
+class _Failing:
     """A read model that does not stage, and fails with an error that is not a record's."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def applied_offset(self) -> int:
+        return -1
 
     def apply(self, batch: list[ProjectedRecord]) -> None:
         raise OSError(28, "No space left on device")
 
-    stage = None  # type: ignore[assignment]
+    def digest(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        pass
 
 
 def test_every_staged_commit_runs_when_a_model_or_a_commit_fails(
@@ -404,7 +407,7 @@ def test_every_staged_commit_runs_when_a_model_or_a_commit_fails(
     with pytest.raises(OSError, match="No space") as raised:
         shard._apply_all({"one": staged, "two": failing}, batch, lambda: released.append(True))
     assert staged.committed == [0, 1, 2] and released == [True, True]
-    assert not raised.value.__notes__ if hasattr(raised.value, "__notes__") else True
+    assert not getattr(raised.value, "__notes__", [])
 
     broken, failing = _Staging("one", OSError(5, "I/O error")), _Failing("two")
     with pytest.raises(OSError, match="No space") as raised:
