@@ -34,7 +34,7 @@ from prme.projectors.embeddings.model_assets import default_model_dir
 from prme.query.engine import MemoryEngine
 from prme.query.retrieve import Retriever
 from prme.query.tokens import TokenCounter
-from prme.schemas.config import Settings
+from prme.schemas.config import EmbeddingSettings, Settings
 
 KS = (1, 5, 10)
 ADVERSARIAL = 5
@@ -363,6 +363,7 @@ async def benchmark(
             "lexical": msgspec.to_builtins(base.lexical),
             "query": msgspec.to_builtins(base.query),
             "embedding_model": base.embedding.model,
+            "query_precision": base.embedding.query_precision,
         },
         "default": default,
         "ablation": ablation,
@@ -378,7 +379,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--lexical-ablation", action="store_true", help="also ingest without context windows"
     )
     parser.add_argument("--work-dir", type=Path, help="where the temporary pack lives")
+    parser.add_argument(
+        "--query-precision",
+        choices=["int8", "float"],
+        default=EmbeddingSettings().query_precision,
+        help="how the default model encodes queries (embedding.query_precision)",
+    )
     arguments = parser.parse_args(argv)
+    settings = Settings().replace(embedding={"query_precision": arguments.query_precision})
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -386,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = asyncio.run(
         benchmark(
             arguments.folder,
+            settings=settings,
             variants={} if arguments.quick else QUERY_VARIANTS,
             lexical_variants=LEXICAL_VARIANTS if arguments.lexical_ablation else {},
             work_dir=arguments.work_dir,

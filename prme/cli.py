@@ -336,10 +336,14 @@ async def _erase(args: argparse.Namespace) -> int:
 
 def _models_pull(args: argparse.Namespace) -> int:
     from prme.projectors.embeddings.model_assets import ensure_default_model
+    from prme.projectors.embeddings.query_model import ensure_query_model
 
     settings = _settings(args)
     directory = Path(args.models_dir) if args.models_dir else settings.models_path
-    print(ensure_default_model(directory))
+    model_dir = ensure_default_model(directory)
+    print(model_dir)
+    if settings.embedding.query_precision == "int8":
+        print(ensure_query_model(model_dir))
     return 0
 
 

@@ -752,6 +752,7 @@ def default_provider(settings: Settings) -> EmbeddingProvider:
             batch_size=embedding.batch_size,
             threads=embedding.threads,
             query_threads=embedding.query_threads,
+            query_precision=embedding.query_precision,
         )
     except InvalidEmbedding as error:  # settings, not code: say which ones
         raise ConfigurationError(

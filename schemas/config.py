@@ -60,6 +60,11 @@ class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """ONNX threads for queries, on a second session of the same model (``None``: queries
     share the documents' session): a query is a few texts, for which an intra-op pool
     spends about twice the CPU for ~15 % less latency."""
+    query_precision: Literal["int8", "float"] = "int8"
+    """How the default model encodes queries: ``int8`` on an int8 copy of it made at the
+    first start (~2.5x faster; cosine ~0.995 to the exact vectors, LoCoMo recall
+    unchanged), ``float`` on the exact model. Documents always use the exact model, and
+    other models always encode queries as documents."""
 
 
 class ScoringSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

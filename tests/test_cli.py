@@ -7,6 +7,7 @@ import contextlib
 import http.server
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -177,6 +178,7 @@ async def test_audit_shows_an_erased_owners_records_as_envelopes(tmp_path: Path)
     ("variable", "value", "where"),
     [
         ("PRME_EMBEDDING__QUERY_THREADS", "0", "$.embedding.query_threads"),
+        ("PRME_EMBEDDING__QUERY_PRECISION", "fp16", "$.embedding.query_precision"),
         ("PRME_EMBEDDING__BATCH_SIZE", "-3", "$.embedding.batch_size"),
         ("PRME_SCORING__FUSION", "bogus", "$.scoring.fusion"),
         # A non-ASCII secret used to fail every forwarded request inside httpx (a 500).
@@ -928,3 +930,28 @@ def test_status_and_the_http_client_name_a_server_that_is_not_prme(tmp_path: Pat
         assert "<" not in said
     finally:
         server.shutdown()
+
+
+@pytest.mark.model
+def test_models_pull_makes_the_query_copy_unless_queries_are_float(
+    default_model_dir: Path, tmp_path: Path
+) -> None:
+    from prme.projectors.embeddings.query_model import query_model_dir, verify_query_model
+
+    models = tmp_path / "models"
+    shutil.copytree(default_model_dir, models / default_model_dir.name)  # nothing to download
+    exact = prme(
+        "models",
+        "pull",
+        "--models-dir",
+        str(models),
+        env={"PRME_EMBEDDING__QUERY_PRECISION": "float"},
+    )
+    assert exact.returncode == 0, exact.stderr
+    assert exact.stdout.splitlines() == [str(models / default_model_dir.name)]
+    assert not query_model_dir(models / default_model_dir.name).exists()
+    pulled = prme("models", "pull", "--models-dir", str(models))
+    assert pulled.returncode == 0, pulled.stderr
+    query_dir = query_model_dir(models / default_model_dir.name)
+    assert pulled.stdout.splitlines() == [str(models / default_model_dir.name), str(query_dir)]
+    assert verify_query_model(query_dir, rehash=True)

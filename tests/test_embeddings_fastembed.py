@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,8 +15,20 @@ import numpy as np
 import pytest
 
 from prme.projectors.embeddings.cached import CachedEmbeddingProvider
-from prme.projectors.embeddings.model_assets import ONNX_SHA256
+from prme.projectors.embeddings.fastembed_provider import QueryPrecision
+from prme.projectors.embeddings.model_assets import (
+    DEFAULT_MODEL_DIRNAME,
+    MANIFEST_FILE,
+    ONNX_SHA256,
+    TOKENIZER_FILES,
+    ModelAssetError,
+)
 from prme.projectors.embeddings.protocol import EmbeddingProvider, QueryEmbeddingProvider
+from prme.projectors.embeddings.query_model import (
+    ensure_query_model,
+    query_model_dir,
+    verify_query_model,
+)
 from prme.projectors.embeddings.validation import validate_vectors
 from prme.storage.embedding import DEFAULT_MODEL_NAME, FastEmbedProvider
 
@@ -78,6 +91,7 @@ def test_declared_dimension_must_match_a_registered_model() -> None:
         {"threads": 0},
         {"query_threads": -1},
         {"query_threads": True},
+        {"query_precision": "fp16"},
         {"threads": "2"},
     ],
 )
@@ -220,8 +234,9 @@ async def test_seed_example_subclass_embeds_queries_with_its_instruction(
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("precision", ["int8", "float"])
 async def test_default_model_queries_encoded_together_equal_those_encoded_alone(
-    default_model_dir: Path,
+    default_model_dir: Path, precision: QueryPrecision
 ) -> None:
     questions = [
         "what did Caroline say about the adoption agency",
@@ -229,7 +244,12 @@ async def test_default_model_queries_encoded_together_equal_those_encoded_alone(
         "Melanie's pottery class in July and the lake sunrise painting she made",
         "dog",
     ]
-    alone = [await FastEmbedProvider(model_path=default_model_dir).embed([q]) for q in questions]
+    alone = [
+        await FastEmbedProvider(
+            model_path=default_model_dir, query_precision=precision
+        ).embed_interactive([q])
+        for q in questions
+    ]
     calls: list[int] = []
 
     class Counted(FastEmbedProvider):
@@ -237,7 +257,9 @@ async def test_default_model_queries_encoded_together_equal_those_encoded_alone(
             calls.append(len(texts))
             return await super().embed_interactive(texts)
 
-    cached = CachedEmbeddingProvider(Counted(model_path=default_model_dir))
+    cached = CachedEmbeddingProvider(
+        Counted(model_path=default_model_dir, query_precision=precision)
+    )
     together = await asyncio.gather(*(cached.embed_query(q) for q in questions))
     assert calls == [4]  # asked for at once: one batch, on the query session
     for [expected], vector in zip(alone, together, strict=True):
@@ -256,11 +278,11 @@ async def test_queries_use_a_one_thread_session_that_gives_the_same_vectors_bit_
     loads: list[tuple[int | None, int]] = []
 
     class Spied(FastEmbedProvider):
-        def _load(self, threads: int | None) -> Any:
+        def _load(self, threads: int | None, **options: Any) -> Any:
             loads.append((threads, threading.get_ident()))
-            return super()._load(threads)
+            return super()._load(threads, **options)
 
-    provider = Spied(model_path=default_model_dir, threads=2)
+    provider = Spied(model_path=default_model_dir, threads=2, query_precision="float")
     queries = await provider.embed_interactive(CHAT)
     assert provider._query_model is not None and provider._model is None
     assert [threads for threads, _ in loads] == [1]
@@ -271,7 +293,7 @@ async def test_queries_use_a_one_thread_session_that_gives_the_same_vectors_bit_
     assert [threads for threads, _ in loads] == [1, 2]
     assert _session_threads(provider._query_model) == 1
     assert _session_threads(provider._loaded()) == 2
-    loaded = FastEmbedProvider(model_path=default_model_dir, threads=2)
+    loaded = FastEmbedProvider(model_path=default_model_dir, threads=2, query_precision="float")
     await loaded.embed_interactive(CHAT[:1])
     await loaded.embed(CHAT[:1])
     copy = pickle.loads(pickle.dumps(loaded))  # sessions stay behind; a copy loads its own
@@ -285,11 +307,80 @@ async def test_equal_thread_counts_or_none_share_one_session(
     default_model_dir: Path, threads: int | None, query_threads: int | None
 ) -> None:
     provider = FastEmbedProvider(
-        model_path=default_model_dir, threads=threads, query_threads=query_threads
+        model_path=default_model_dir,
+        threads=threads,
+        query_threads=query_threads,
+        query_precision="float",
     )
     await provider.embed_interactive(["hello"])
     assert provider._model is not None and provider._query_model is None
     assert provider._loaded_for_queries() is provider._loaded()
+
+
+def _session_path(model: object) -> Path:
+    return Path(model.model.model._model_path)  # type: ignore[attr-defined]
+
+
+@pytest.mark.model
+async def test_default_model_queries_run_on_its_int8_copy_close_to_the_exact_vectors(
+    default_model_dir: Path,
+) -> None:
+    provider = FastEmbedProvider(model_path=default_model_dir)
+    queries = await provider.embed_interactive(CHAT)
+    assert _session_path(provider._query_model).parent == query_model_dir(default_model_dir)
+    assert verify_query_model(query_model_dir(default_model_dir), rehash=True)
+    documents = await provider.embed(CHAT)
+    assert _session_path(provider._model).parent == default_model_dir
+    for query, document in zip(queries, documents, strict=True):
+        assert query != document
+        assert cosine(query, document) > 0.98  # 0.982 for "ok"; ~0.995 for questions
+    # Not batched: each text's vector is the same whatever is encoded beside it.
+    assert [(await provider.embed_interactive([text]))[0] for text in CHAT] == queries
+    exact = FastEmbedProvider(model_path=default_model_dir, query_precision="float")
+    assert await exact.embed_interactive(CHAT) == documents
+    # The precision is the queries' alone: the stored vectors' identity is the same.
+    assert provider.model_version == exact.model_version
+
+
+@pytest.mark.model
+def test_the_query_copy_is_made_beside_the_model_verified_and_made_again_when_damaged(
+    default_model_dir: Path, tmp_path: Path
+) -> None:
+    model_dir = tmp_path / DEFAULT_MODEL_DIRNAME
+    shutil.copytree(default_model_dir, model_dir)
+    FastEmbedProvider(model_path=model_dir).prepare()  # a node's start makes it
+    query_dir = query_model_dir(model_dir)
+    assert query_dir == tmp_path / f"{DEFAULT_MODEL_DIRNAME}-query"
+    assert {path.name for path in query_dir.iterdir()} == {
+        "model.onnx",
+        MANIFEST_FILE,
+        *TOKENIZER_FILES,
+    }
+    assert verify_query_model(query_dir, rehash=True)
+    made = (query_dir / "model.onnx").stat().st_mtime_ns
+    assert ensure_query_model(model_dir) == query_dir
+    assert (query_dir / "model.onnx").stat().st_mtime_ns == made
+    with open(query_dir / "model.onnx", "r+b") as handle:
+        handle.truncate(1000)
+    assert not verify_query_model(query_dir)
+    assert ensure_query_model(model_dir) == query_dir
+    assert verify_query_model(query_dir, rehash=True)
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []
+
+
+@pytest.mark.model
+async def test_a_model_directory_that_is_not_the_assembled_default_encodes_queries_exactly(
+    default_model_dir: Path, tmp_path: Path
+) -> None:
+    loose = tmp_path / "loose-copy"
+    loose.mkdir()
+    for name in ("model.onnx", *TOKENIZER_FILES):  # no manifest: not `prme models pull`'s
+        shutil.copyfile(default_model_dir / name, loose / name)
+    provider = FastEmbedProvider(model_path=loose)
+    assert await provider.embed_interactive(CHAT[:2]) == await provider.embed(CHAT[:2])
+    assert not query_model_dir(loose).exists()
+    with pytest.raises(ModelAssetError, match="verified default model"):
+        ensure_query_model(loose)
 
 
 @pytest.mark.model

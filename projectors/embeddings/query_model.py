@@ -1,0 +1,124 @@
+"""The default model's query encoder: an int8 copy of its ONNX graph, made on this machine.
+
+The default model stores its weights as int8 but computes in float: onnxruntime folds the
+weights back into float matrices, and a 15-token query spends most of its ~6 ms in float
+MatMuls. This copy is quantized dynamically (weights int8 per output channel, activations
+quantized per call, ``MatMulInteger``), which encodes the same query in ~2.5 ms on cores
+with int8 dot products. Its vectors are close to the document session's, not equal: cosine
+0.991 or more on LoCoMo's questions (median 0.995; 0.98 on a two-letter text), and LoCoMo
+recall within a question of the exact encoder's (benchmarks/README.md). Documents are always encoded by the exact model, so stored vectors
+and the embedding identity do not depend on it.
+
+The copy is made with onnxruntime's own tools (its quantization pre-processing, then
+``quantize_dynamic``) from the verified default model, in a scratch directory, and
+installed atomically beside it, with a manifest of what it was made from.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from .model_assets import (
+    MANIFEST_FILE,
+    MODEL_FILE,
+    ONNX_SHA256,
+    TOKENIZER_FILES,
+    ModelAssetError,
+    files_match,
+    fsync_path,
+    install_built,
+    sha256_file,
+    verify_default_model,
+)
+
+QUERY_MODEL_SUFFIX = "-query"
+QUANTIZATION = "dynamic-int8-per-channel"
+
+
+class QueryModelManifest(msgspec.Struct, frozen=True, kw_only=True):
+    """What the query copy was made from and with, and each file's size and sha256."""
+
+    source_onnx_sha256: str
+    quantization: str
+    tools: dict[str, str]
+    files: dict[str, tuple[int, str]]
+
+
+def query_model_dir(model_dir: Path) -> Path:
+    """Where the query copy of the default model in ``model_dir`` lives: beside it."""
+    model_dir = Path(model_dir)
+    return model_dir.with_name(model_dir.name + QUERY_MODEL_SUFFIX)
+
+
+def ensure_query_model(model_dir: Path) -> Path:
+    """The query copy of the default model assembled in ``model_dir``; made when missing
+    or invalid (a few seconds; idempotent, atomic, fast when already present)."""
+    target = query_model_dir(model_dir)
+    if verify_query_model(target):
+        return target
+    if not verify_default_model(model_dir):
+        raise ModelAssetError(
+            f"{model_dir} does not hold the verified default model: its int8 query copy is "
+            "made only from that model (`prme models pull`)"
+        )
+    with tempfile.TemporaryDirectory(prefix=".prme-query-model-", dir=target.parent) as scratch:
+        build = Path(scratch) / target.name
+        quantize_query_model(model_dir, build, Path(scratch) / "preprocessed.onnx")
+        install_built(build, target, verify_query_model)
+    return target
+
+
+def quantize_query_model(model_dir: Path, build: Path, preprocessed: Path) -> None:
+    """Write the query copy of ``model_dir``'s model into ``build`` (which must not exist),
+    using ``preprocessed`` as a scratch file."""
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+    except ImportError as error:  # onnx is a dependency; a broken install says so here
+        raise ModelAssetError(
+            f"cannot make the int8 query encoder ({error}); reinstall prme-memory, or encode "
+            "queries with the exact model (embedding.query_precision = 'float')"
+        ) from error
+    build.mkdir(parents=True)
+    # Symbolic shape inference needs sympy; the ONNX shape inference and onnxruntime's
+    # graph optimisation that remain are what the quantizer's pre-processing asks for.
+    quant_pre_process(str(model_dir / MODEL_FILE), str(preprocessed), skip_symbolic_shape=True)
+    quantize_dynamic(
+        preprocessed, build / MODEL_FILE, weight_type=QuantType.QInt8, per_channel=True
+    )
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(model_dir / name, build / name)
+    manifest = QueryModelManifest(
+        source_onnx_sha256=ONNX_SHA256,
+        quantization=QUANTIZATION,
+        tools={name: importlib.metadata.version(name) for name in ("onnx", "onnxruntime")},
+        files={
+            name: ((build / name).stat().st_size, sha256_file(build / name))
+            for name in (MODEL_FILE, *TOKENIZER_FILES)
+        },
+    )
+    (build / MANIFEST_FILE).write_bytes(msgspec.json.encode(manifest))
+    for path in build.iterdir():
+        fsync_path(path)
+
+
+def verify_query_model(query_dir: Path, *, rehash: bool = False) -> bool:
+    """Whether ``query_dir`` holds a query copy made from the pinned default model. The
+    quick check compares the manifest with each file's size; ``rehash=True`` also
+    recomputes every file's sha256."""
+    try:
+        manifest = msgspec.json.decode(
+            (Path(query_dir) / MANIFEST_FILE).read_bytes(), type=QueryModelManifest
+        )
+    except (OSError, msgspec.DecodeError):
+        return False
+    if manifest.source_onnx_sha256 != ONNX_SHA256 or manifest.quantization != QUANTIZATION:
+        return False
+    if set(manifest.files) != {MODEL_FILE, *TOKENIZER_FILES}:
+        return False
+    return files_match(Path(query_dir), manifest.files, rehash=rehash)
