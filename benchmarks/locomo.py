@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -34,7 +34,7 @@ from prme.projectors.embeddings.model_assets import default_model_dir
 from prme.query.engine import MemoryEngine
 from prme.query.retrieve import Retriever
 from prme.query.tokens import TokenCounter
-from prme.schemas.config import EmbeddingSettings, Settings
+from prme.schemas.config import EmbeddingSettings, QueryPrecision, Settings
 
 KS = (1, 5, 10)
 ADVERSARIAL = 5
@@ -381,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, help="where the temporary pack lives")
     parser.add_argument(
         "--query-precision",
-        choices=["int8", "float"],
+        choices=get_args(QueryPrecision),
         default=EmbeddingSettings().query_precision,
         help="how the default model encodes queries (embedding.query_precision)",
     )

@@ -20,6 +20,8 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=86_400)]
 """A timeout: more than 0 and at most a day (nan and inf are refused)."""
 Weight = Annotated[float, msgspec.Meta(ge=0, le=1_000_000)]
+QueryPrecision = Literal["int8", "float"]
+"""How the default embedding model encodes queries (``EmbeddingSettings.query_precision``)."""
 """A weight or boost: 0 to a million (nan and inf are refused)."""
 
 
@@ -60,7 +62,7 @@ class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """ONNX threads for queries, on a second session of the same model (``None``: queries
     share the documents' session): a query is a few texts, for which an intra-op pool
     spends about twice the CPU for ~15 % less latency."""
-    query_precision: Literal["int8", "float"] = "int8"
+    query_precision: QueryPrecision = "int8"
     """How the default model encodes queries: ``int8`` on an int8 copy of it made at the
     first start (~2.5x faster; cosine ~0.995 to the exact vectors, LoCoMo recall
     unchanged), ``float`` on the exact model. Documents always use the exact model, and

@@ -20,13 +20,13 @@ import asyncio
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, get_args
 
 import fastembed
 import numpy as np
 from fastembed import TextEmbedding
 
-from prme.schemas.config import Settings
+from prme.schemas.config import QueryPrecision, Settings
 from prme.schemas.errors import InvalidEmbedding
 
 from .model_assets import (
@@ -43,8 +43,7 @@ from .validation import check_texts, validate_matrix
 
 __all__ = ["DEFAULT_MODEL_NAME", "FastEmbedProvider", "QueryPrecision", "registered_model"]
 
-QueryPrecision = Literal["int8", "float"]
-QUERY_PRECISIONS: tuple[QueryPrecision, ...] = ("int8", "float")
+QUERY_PRECISIONS: tuple[QueryPrecision, ...] = get_args(QueryPrecision)
 
 
 def registered_model(model_name: str) -> dict[str, Any] | None:
