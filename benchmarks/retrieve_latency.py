@@ -516,6 +516,13 @@ def precisions_argument(text: str) -> list[QueryPrecision]:
     return [p for p in QUERY_PRECISIONS if p in chosen]
 
 
+def rounds_argument(text: str) -> int:
+    rounds = int(text)
+    if rounds < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 round, not {rounds}")
+    return rounds
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memories", type=int, default=100_000)
@@ -545,7 +552,10 @@ def main(argv: list[str] | None = None) -> None:
         "alternating (default int8,float)",
     )
     parser.add_argument(
-        "--model-rounds", type=int, default=3, help="rounds with the model in the loop"
+        "--model-rounds",
+        type=rounds_argument,
+        default=3,
+        help="rounds with the model in the loop (at least 1)",
     )
     run_benchmark(parser, measure, argv)
 

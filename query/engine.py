@@ -274,6 +274,8 @@ class MemoryEngine(MemoryBackend):
             router = ClusterRouter(settings, runner, transport, runner.metrics, url=url)
         try:
             await runner.start(join=settings.cluster.project)
+            if callable(prepare_queries := getattr(provider, "prepare_queries", None)):
+                await asyncio.to_thread(prepare_queries)  # the int8 query copy, once a machine
             if settings.cluster.project and catch_up:
                 await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)
             if router is not None:

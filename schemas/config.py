@@ -59,14 +59,15 @@ class EmbeddingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     threads: PositiveInt | None = None
     """ONNX threads for documents (projection); ``None``: onnxruntime's choice, every core."""
     query_threads: PositiveInt | None = 1
-    """ONNX threads for queries, on a second session of the same model (``None``: queries
-    share the documents' session): a query is a few texts, for which an intra-op pool
-    spends about twice the CPU for ~15 % less latency."""
+    """ONNX threads for queries, on a second session (``None``: the documents' threads,
+    and with exact queries the documents' session itself): a query is a few texts, for
+    which an intra-op pool spends about twice the CPU for ~15 % less latency."""
     query_precision: QueryPrecision = "int8"
     """How the default model encodes queries: ``int8`` on an int8 copy of it made at the
-    first start (~2.5x faster; cosine ~0.995 to the exact vectors, LoCoMo recall
-    unchanged), ``float`` on the exact model. Documents always use the exact model, and
-    other models always encode queries as documents."""
+    first start, on cores with int8 dot products (~2x faster; cosine ~0.995 to the exact
+    vectors for questions, LoCoMo recall within a question), ``float`` on the exact model.
+    Documents always use the exact model; other models, and cores without int8 dot
+    products, encode queries as documents."""
 
 
 class ScoringSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -123,6 +123,13 @@ class CachedEmbeddingProvider:
         if callable(prepare):
             prepare()
 
+    def prepare_queries(self) -> None:
+        """The wrapped provider's ``prepare_queries`` (make its query encoder's files), if
+        it has one."""
+        prepare = getattr(self._provider, "prepare_queries", None)
+        if callable(prepare):
+            prepare()
+
     def clear(self) -> None:
         self._entries.clear()
         self._query_keys.clear()

@@ -8,15 +8,17 @@ Queries go through :meth:`FastEmbedProvider.embed_interactive`, on a second sess
 ``query_threads`` ONNX threads (one by default). A query is a few texts, and onnxruntime's
 intra-op pool spins its threads between operators: for one short query two threads cost
 about twice the CPU of one for ~15 % less wall time, CPU that a serving process's event
-loop and its other queries need. For the default model that session runs its int8 copy
-(``query_model``: ~2.5x faster, cosine ~0.995 to the documents' vectors) unless
-``query_precision`` is ``"float"``, which gives the document vectors bit for bit (with
-``query_threads=None``, from the documents' session itself).
+loop and its other queries need. For the default model, on cores with int8 dot products,
+that session runs its int8 copy (``query_model``: ~2x faster, cosine ~0.995 to the
+documents' vectors for questions) unless ``query_precision`` is ``"float"``; otherwise it
+gives the document vectors bit for bit (with ``query_threads=None``, from the documents'
+session itself).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,16 +36,19 @@ from .model_assets import (
     MAX_LENGTH,
     MODEL_FILE,
     ONNX_SHA256,
+    ModelAssetError,
     ensure_default_model,
     sha256_file,
     verify_default_model,
 )
-from .query_model import ensure_query_model
+from .query_model import ensure_query_model, int8_dot_products
 from .validation import check_texts, validate_matrix
 
 __all__ = ["DEFAULT_MODEL_NAME", "FastEmbedProvider", "QueryPrecision", "registered_model"]
 
 QUERY_PRECISIONS: tuple[QueryPrecision, ...] = get_args(QueryPrecision)
+
+_log = logging.getLogger(__name__)
 
 
 def registered_model(model_name: str) -> dict[str, Any] | None:
@@ -72,8 +77,8 @@ class FastEmbedProvider:
         query_precision: QueryPrecision = "int8",
     ) -> None:
         """``query_precision``: ``"int8"`` encodes the default model's queries on its
-        int8 copy (other models' at the documents' precision), ``"float"`` on the exact
-        model."""
+        int8 copy where the cores have int8 dot products (elsewhere, and for other models,
+        at the documents' precision); ``"float"`` on the exact model."""
         if not isinstance(model_name, str) or not model_name.strip():
             raise InvalidEmbedding(f"model_name must be a non-empty str, got {model_name!r}")
         if dimension is not None and (
@@ -113,7 +118,9 @@ class FastEmbedProvider:
         self._query_threads = query_threads
         self._is_default = model_name.lower() == DEFAULT_MODEL_NAME.lower()
         self._version = self._describe_version()
-        self._int8_queries = query_precision == "int8" and self._assembled_default()
+        self._int8_queries = (
+            query_precision == "int8" and self._assembled_default() and int8_dot_products()
+        )
         self._model: TextEmbedding | None = None
         self._query_model: TextEmbedding | None = None
         self._load_lock = threading.Lock()
@@ -142,6 +149,13 @@ class FastEmbedProvider:
     @property
     def dimension(self) -> int:
         return self._dimension
+
+    @property
+    def query_precision(self) -> QueryPrecision:
+        """What queries are encoded at: ``"int8"`` on the default model's int8 copy, else
+        ``"float"`` (asked for, another model, cores without int8 dot products, or a copy
+        that could not be made)."""
+        return "int8" if self._int8_queries else "float"
 
     @property
     def batch_size(self) -> int:
@@ -240,8 +254,24 @@ class FastEmbedProvider:
             return self._loaded()
         with self._load_lock:
             if self._query_model is None:
-                self._query_model = self._load(self._query_session_threads(), queries=True)
+                copy = self._query_copy() if self._int8_queries else None
+                self._query_model = self._load(self._query_session_threads(), model_dir=copy)
             return self._query_model
+
+    def _query_copy(self) -> Path | None:
+        """The int8 copy's directory, made if missing (with the load lock held); ``None``,
+        and exact queries from then on, when it cannot be made."""
+        try:
+            return ensure_query_model(self._default_model_dir())
+        except (OSError, ModelAssetError) as error:
+            self._int8_queries = False
+            _log.warning(
+                "the default model's int8 query encoder cannot be made (%s): queries are "
+                "encoded on the exact model (PRME_EMBEDDING__QUERY_PRECISION=float says so "
+                "and skips this)",
+                error,
+            )
+            return None
 
     def _query_session_threads(self) -> int | None:
         return self._threads if self._query_threads is None else self._query_threads
@@ -250,12 +280,17 @@ class FastEmbedProvider:
         """Fetch the model's files if they are missing, as the first embed would, without
         loading the model (milliseconds when they are on disk): a node checks this before
         it joins its group, so a model that cannot be had fails the start, not the
-        projector of a node that holds partitions. The default model's int8 query copy is
-        made here too when it is missing (a few seconds, once). Raises what fastembed
-        raises, or ``ModelAssetError``."""
+        projector of a node that holds partitions. Raises what fastembed raises."""
         self._load(self._threads, lazily=True)
+
+    def prepare_queries(self) -> None:
+        """Make the default model's int8 query copy when queries use it and it is missing
+        (a few seconds, once per machine): what serves queries calls this as it starts, so
+        no query waits for it (a projector alone never does). A copy that cannot be made
+        is logged, and queries are encoded on the exact model instead."""
         if self._int8_queries:
-            self._load(self._query_session_threads(), lazily=True, queries=True)
+            with self._load_lock:
+                self._query_copy()
 
     def _assembled_default(self) -> bool:
         """Whether this provider runs the default model as ``prme models pull`` assembles
@@ -264,22 +299,22 @@ class FastEmbedProvider:
             return False
         return self._model_path is None or verify_default_model(self._model_path)
 
+    def _default_model_dir(self) -> Path:
+        return self._model_path or ensure_default_model(self._models_dir or Settings().models_path)
+
     def _load(
-        self, threads: int | None, *, lazily: bool = False, queries: bool = False
+        self, threads: int | None, *, lazily: bool = False, model_dir: Path | None = None
     ) -> TextEmbedding:
-        """A session of the model with ``threads`` ONNX threads; with ``queries``, of the
-        default model's int8 copy when queries use it."""
+        """A session with ``threads`` ONNX threads of the model, or of the one in
+        ``model_dir`` (the int8 query copy)."""
         if self._description is None:
             raise InvalidEmbedding(
                 f"model {self._model_name!r} is not registered with fastembed; register it "
                 "with TextEmbedding.add_custom_model before the first embed"
             )
         options: dict[str, Any] = {"threads": threads}
-        model_dir = self._model_path
-        if model_dir is None and self._is_default:
-            model_dir = ensure_default_model(self._models_dir or Settings().models_path)
-        if queries and self._int8_queries and model_dir is not None:
-            model_dir = ensure_query_model(model_dir)
+        if model_dir is None and (self._model_path is not None or self._is_default):
+            model_dir = self._default_model_dir()
         if model_dir is not None:
             options["specific_model_path"] = str(model_dir)
         elif self._models_dir is not None:

@@ -37,7 +37,7 @@ class QueryEmbeddingProvider(EmbeddingProvider, Protocol):
 class InteractiveEmbeddingProvider(EmbeddingProvider, Protocol):
     """A provider with a cheaper path for a few texts at a time (queries), with the document
     recipe: the vectors ``embed`` gives, or close approximations of them (the default
-    model's int8 query copy: cosine above 0.98), never another recipe. Document-recipe queries
+    model's int8 query copy: cosine above 0.97), never another recipe. Document-recipe queries
     (a provider without ``embed_query``) go through it when it is there; its vectors are
     never stored as documents'."""
 

@@ -3,10 +3,11 @@
 The default model stores its weights as int8 but computes in float: onnxruntime folds the
 weights back into float matrices, and a 15-token query spends most of its ~6 ms in float
 MatMuls. This copy is quantized dynamically (weights int8 per output channel, activations
-quantized per call, ``MatMulInteger``), which encodes the same query in ~2.5 ms on cores
+quantized per call, ``MatMulInteger``), which encodes the same query in ~2.5-4 ms on cores
 with int8 dot products. Its vectors are close to the document session's, not equal: cosine
-0.991 or more on LoCoMo's questions (median 0.995; 0.98 on a two-letter text), and LoCoMo
-recall within a question of the exact encoder's (benchmarks/README.md). Documents are always encoded by the exact model, so stored vectors
+0.991 or more on LoCoMo's questions (median 0.995; 0.974 and up on one- to three-token
+texts), and LoCoMo's default recall within a question of the exact encoder's
+(benchmarks/README.md). Documents are always encoded by the exact model, so stored vectors
 and the embedding identity do not depend on it.
 
 The copy is made with onnxruntime's own tools (its quantization pre-processing, then
@@ -17,6 +18,7 @@ installed atomically beside it, with a manifest of what it was made from.
 from __future__ import annotations
 
 import importlib.metadata
+import platform
 import shutil
 import tempfile
 from pathlib import Path
@@ -47,6 +49,22 @@ class QueryModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     quantization: str
     tools: dict[str, str]
     files: dict[str, tuple[int, str]]
+
+
+def int8_dot_products(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this machine's cores have the int8 dot products (VNNI) the copy was measured
+    on. Without them onnxruntime's u8s8 kernels may saturate and lose accuracy, and on
+    other architectures the copy's vectors were not measured: queries stay exact there."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return bool({"avx512_vnni", "avx_vnni"} & set(line.partition(":")[2].split()))
+    return False
 
 
 def query_model_dir(model_dir: Path) -> Path:
@@ -82,7 +100,7 @@ def quantize_query_model(model_dir: Path, build: Path, preprocessed: Path) -> No
     except ImportError as error:  # onnx is a dependency; a broken install says so here
         raise ModelAssetError(
             f"cannot make the int8 query encoder ({error}); reinstall prme-memory, or encode "
-            "queries with the exact model (embedding.query_precision = 'float')"
+            "queries with the exact model (PRME_EMBEDDING__QUERY_PRECISION=float)"
         ) from error
     build.mkdir(parents=True)
     # Symbolic shape inference needs sympy; the ONNX shape inference and onnxruntime's
