@@ -403,6 +403,29 @@ async def test_a_copy_that_cannot_be_made_leaves_queries_exact_with_one_warning(
 
 
 @pytest.mark.model
+def test_a_damaged_model_fails_no_start_for_its_query_copy(
+    default_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Garbage of the right size passes the quick check; the quantizer cannot parse it. A
+    serving node still starts (its first embed fails, as it did before the copy existed)."""
+    monkeypatch.setattr(fastembed_provider, "int8_dot_products", lambda: True)
+    model_dir = tmp_path / DEFAULT_MODEL_DIRNAME
+    shutil.copytree(default_model_dir, model_dir)
+    onnx = model_dir / "model.onnx"
+    onnx.write_bytes(b"\0" * onnx.stat().st_size)
+    provider = FastEmbedProvider(model_path=model_dir)
+    with caplog.at_level(logging.WARNING, logger=fastembed_provider.__name__):
+        provider.prepare_queries()
+    assert provider.query_precision == "float"
+    assert any("int8 query encoder" in r.getMessage() for r in caplog.records)
+    assert not query_model_dir(model_dir).exists()
+    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL_DIRNAME]  # no scratch left
+
+
+@pytest.mark.model
 async def test_cores_without_int8_dot_products_encode_queries_exactly_and_make_no_copy(
     default_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,7 +36,6 @@ from .model_assets import (
     MAX_LENGTH,
     MODEL_FILE,
     ONNX_SHA256,
-    ModelAssetError,
     ensure_default_model,
     sha256_file,
     verify_default_model,
@@ -260,10 +259,12 @@ class FastEmbedProvider:
 
     def _query_copy(self) -> Path | None:
         """The int8 copy's directory, made if missing (with the load lock held); ``None``,
-        and exact queries from then on, when it cannot be made."""
+        and exact queries from then on, when it cannot be made for any reason: a read-only
+        directory, a damaged model the quantizer cannot parse (which then fails where the
+        exact model loads, as before the copy existed)."""
         try:
             return ensure_query_model(self._default_model_dir())
-        except (OSError, ModelAssetError) as error:
+        except Exception as error:
             self._int8_queries = False
             _log.warning(
                 "the default model's int8 query encoder cannot be made (%s): queries are "
