@@ -335,15 +335,19 @@ async def _erase(args: argparse.Namespace) -> int:
 
 
 def _models_pull(args: argparse.Namespace) -> int:
-    from prme.projectors.embeddings.model_assets import ensure_default_model
-    from prme.projectors.embeddings.query_model import ensure_query_model
+    from prme.projectors.embeddings.model_assets import ModelAssetError, ensure_default_model
+    from prme.projectors.embeddings.query_model import ensure_query_model, int8_dot_products
 
     settings = _settings(args)
     directory = Path(args.models_dir) if args.models_dir else settings.models_path
-    model_dir = ensure_default_model(directory)
-    print(model_dir)
-    if settings.embedding.query_precision == "int8":
-        print(ensure_query_model(model_dir))
+    try:
+        model_dir = ensure_default_model(directory)
+        print(model_dir)
+        if settings.embedding.query_precision == "int8" and int8_dot_products():
+            print(ensure_query_model(model_dir))
+    except (OSError, ModelAssetError) as error:
+        print(f"prme models pull: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -819,7 +823,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="manage embedding models")
     models_commands = models.add_subparsers(dest="models_command", required=True)
-    pull = models_commands.add_parser("pull", help="assemble the default model offline")
+    pull = models_commands.add_parser(
+        "pull",
+        help="assemble the default model offline, and its int8 query copy where queries use it",
+    )
     pull.add_argument("--models-dir", help="default ~/.cache/prme/models (PRME_MODELS_DIR)")
     pull.set_defaults(run=_models_pull)
 

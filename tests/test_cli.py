@@ -936,7 +936,11 @@ def test_status_and_the_http_client_name_a_server_that_is_not_prme(tmp_path: Pat
 def test_models_pull_makes_the_query_copy_unless_queries_are_float(
     default_model_dir: Path, tmp_path: Path
 ) -> None:
-    from prme.projectors.embeddings.query_model import query_model_dir, verify_query_model
+    from prme.projectors.embeddings.query_model import (
+        int8_dot_products,
+        query_model_dir,
+        verify_query_model,
+    )
 
     models = tmp_path / "models"
     shutil.copytree(default_model_dir, models / default_model_dir.name)  # nothing to download
@@ -953,5 +957,17 @@ def test_models_pull_makes_the_query_copy_unless_queries_are_float(
     pulled = prme("models", "pull", "--models-dir", str(models))
     assert pulled.returncode == 0, pulled.stderr
     query_dir = query_model_dir(models / default_model_dir.name)
+    if not int8_dot_products():  # queries stay exact on these cores: no copy to make
+        assert pulled.stdout.splitlines() == [str(models / default_model_dir.name)]
+        return
     assert pulled.stdout.splitlines() == [str(models / default_model_dir.name), str(query_dir)]
     assert verify_query_model(query_dir, rehash=True)
+
+
+def test_models_pull_into_a_directory_it_cannot_make_is_one_line(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    pulled = prme("models", "pull", "--models-dir", str(blocked / "models"))
+    assert pulled.returncode == 1 and pulled.stdout == ""
+    [line] = pulled.stderr.strip().splitlines()
+    assert line.startswith("prme models pull: ") and "a-file" in line

