@@ -268,8 +268,8 @@ class FastEmbedProvider:
             self._int8_queries = False
             _log.warning(
                 "the default model's int8 query encoder cannot be made (%s): queries are "
-                "encoded on the exact model (PRME_EMBEDDING__QUERY_PRECISION=float says so "
-                "and skips this)",
+                "encoded on the exact model (set PRME_EMBEDDING__QUERY_PRECISION=float to "
+                "use it without trying)",
                 error,
             )
             return None

@@ -48,7 +48,6 @@ QUERY_MODEL_SUFFIX = "-query"
 QUANTIZATION = "dynamic-int8-per-channel"
 SCRATCH_PREFIX = ".prme-query-model-"
 QUANTIZE_TIMEOUT_S = 600.0
-_MODULE = "prme.projectors.embeddings.query_model"
 
 _log = logging.getLogger(__name__)
 
@@ -111,7 +110,7 @@ def _quantize_in_child(model_dir: Path, build: Path, scratch: Path) -> None:
     root logger, writes its pre-processed model (~90 MB) to the temp directory (here
     ``scratch``, so a killed build leaves it where the next build removes it) and peaks
     at ~500 MB of memory, none of which belongs in a serving process."""
-    command = [sys.executable, "-m", _MODULE, str(model_dir), str(build)]
+    command = [sys.executable, "-m", __name__, str(model_dir), str(build)]
     environment = {**os.environ, "TMPDIR": str(scratch)}
     try:
         completed = subprocess.run(
