@@ -144,6 +144,7 @@ class Retriever:
                 dimension=provider.dimension,
                 embed_query_used=embed_query_used,
                 mismatch=shard.vector_mismatch,
+                query_precision=getattr(provider, "query_precision", None),
             ),
             analysis=_analysis_report(
                 analysis,

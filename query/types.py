@@ -83,6 +83,9 @@ class EmbeddingInfo(msgspec.Struct, frozen=True, kw_only=True):
     dimension: int
     embed_query_used: bool
     mismatch: bool = False
+    query_precision: str | None = None
+    """How queries are encoded: ``int8`` (the default model's int8 copy), ``float`` (the
+    exact model); ``None`` when the provider does not say (a custom one)."""
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

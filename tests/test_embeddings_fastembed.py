@@ -226,6 +226,7 @@ async def test_seed_example_subclass_embeds_queries_with_its_instruction(
     base = FastEmbedProvider(model_path=default_model_dir)
     provider = CachedEmbeddingProvider(BGEWithQueryInstruction(model_path=default_model_dir))
     assert provider.has_query_encoder
+    assert provider.query_precision == "float"  # its own recipe encodes its queries
     assert provider.model_version == base.model_version + ":bge-query-instruction-v1"
     assert provider.dimension == 384
 
@@ -536,6 +537,12 @@ async def test_an_engine_makes_the_query_copy_as_it_starts(
     models = tmp_path / "models"
     shutil.copytree(default_model_dir, models / DEFAULT_MODEL_DIRNAME)
     settings = Settings(data_dir=str(tmp_path / "pack"), models_dir=str(models))
-    async with await MemoryEngine.create(settings=settings):
+    async with await MemoryEngine.create(settings=settings) as engine:
         made = query_model_dir(models / DEFAULT_MODEL_DIRNAME).exists()
+        await engine.store("The blue door is the back entrance.", "alice")
+        response = await engine.retrieve("which door is the back entrance", "alice")
     assert made == int8_dot_products()
+    # The receipt says how the query was encoded.
+    expected = "int8" if int8_dot_products() else "float"
+    assert response.receipt.embedding.query_precision == expected
+    assert response.results[0].text == "The blue door is the back entrance."

@@ -65,6 +65,7 @@ async def test_receipt_says_how_each_result_was_found(engine: MemoryEngine) -> N
     assert receipt.embedding.model_name == engine.provider.model_name
     assert receipt.embedding.dimension == engine.provider.dimension
     assert receipt.embedding.embed_query_used is False
+    assert receipt.embedding.query_precision is None  # the hashed provider does not say
     assert receipt.request_id and receipt.elapsed_ms > 0
 
 

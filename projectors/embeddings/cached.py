@@ -123,6 +123,12 @@ class CachedEmbeddingProvider:
         if callable(prepare):
             prepare()
 
+    @property
+    def query_precision(self) -> str | None:
+        """The wrapped provider's ``query_precision``, if it says."""
+        precision = getattr(self._provider, "query_precision", None)
+        return precision if isinstance(precision, str) else None
+
     def prepare_queries(self) -> None:
         """The wrapped provider's ``prepare_queries`` (make its query encoder's files), if
         it has one."""

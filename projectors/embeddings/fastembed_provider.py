@@ -152,9 +152,10 @@ class FastEmbedProvider:
     @property
     def query_precision(self) -> QueryPrecision:
         """What queries are encoded at: ``"int8"`` on the default model's int8 copy, else
-        ``"float"`` (asked for, another model, cores without int8 dot products, or a copy
-        that could not be made)."""
-        return "int8" if self._int8_queries else "float"
+        ``"float"`` (asked for, another model, cores without int8 dot products, a copy that
+        could not be made, or a subclass whose own recipe encodes its queries)."""
+        own_recipe = self._recipe_overridden() or callable(getattr(self, "embed_query", None))
+        return "int8" if self._int8_queries and not own_recipe else "float"
 
     @property
     def batch_size(self) -> int:
