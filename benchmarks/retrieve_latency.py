@@ -490,6 +490,8 @@ async def measure(arguments: argparse.Namespace, work: Path) -> dict[str, Any]:
         "queries": arguments.queries,
         "layouts": results,
         "model_rounds": arguments.model_rounds,
+        # int8 asked for on cores without int8 dot products runs exact: say so.
+        "query_precision_in_effect": {p: models[p].query_precision for p in precisions},
         "real_model_embed_query": embeds,
         "with_real_model": totals,
         "metrics_overhead": await metrics_overhead(

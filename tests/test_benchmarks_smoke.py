@@ -149,6 +149,7 @@ def test_retrieve_benchmark_reports_engine_http_and_embedding_latency(
                 assert "vector" in measured["channels"]
             p95s = sorted(m["in_process"]["p95_ms"] for m in with_model["rounds"])
             assert with_model["p95_ms_median"] == pytest.approx(sum(p95s) / 2, abs=0.001)
+    assert report["query_precision_in_effect"]["float"] == "float"
     for precision in ("int8", "float"):
         one_owner = report["with_real_model"][precision]["single_owner"]
         assert one_owner["meets_one_owner_target"] == (
