@@ -399,7 +399,9 @@ def test_an_interrupted_ingest_says_so_and_leaves_the_files_first_lines(tmp_path
     import sqlite3
     import time
 
-    rows = [{"owner": f"u{i % 20}", "content": f"line {i}"} for i in range(200_000)]
+    # ~20 s of ingest: 200k lines (~5 s) once all landed, on a loaded CI machine, before
+    # the test saw the first of them and sent the signal.
+    rows = [{"owner": f"u{i % 20}", "content": f"line {i}"} for i in range(1_000_000)]
     source = write_jsonl(tmp_path / "in.jsonl", rows)
     data = tmp_path / "pack"
     process = subprocess.Popen(
