@@ -336,14 +336,14 @@ async def _erase(args: argparse.Namespace) -> int:
 
 def _models_pull(args: argparse.Namespace) -> int:
     from prme.projectors.embeddings.model_assets import ModelAssetError, ensure_default_model
-    from prme.projectors.embeddings.query_model import ensure_query_model, int8_dot_products
+    from prme.projectors.embeddings.query_model import ensure_query_model, int8_queries
 
     settings = _settings(args)
     directory = Path(args.models_dir) if args.models_dir else settings.models_path
     try:
         model_dir = ensure_default_model(directory)
         print(model_dir)
-        if settings.embedding.query_precision == "int8" and int8_dot_products():
+        if int8_queries(settings.embedding.query_precision):
             print(ensure_query_model(model_dir))
     except (OSError, ModelAssetError) as error:
         print(f"prme models pull: {error}", file=sys.stderr)

@@ -407,7 +407,7 @@ async def test_a_copy_that_cannot_be_made_leaves_queries_exact_with_one_warning(
         raise OSError(30, "Read-only file system", str(model_dir.parent))
 
     monkeypatch.setattr(fastembed_provider, "ensure_query_model", unwritable)
-    monkeypatch.setattr(fastembed_provider, "int8_dot_products", lambda: True)
+    monkeypatch.setattr(query_model, "int8_dot_products", lambda: True)
     provider = FastEmbedProvider(model_path=default_model_dir)
     assert provider.query_precision == "int8"
     with caplog.at_level(logging.WARNING, logger=fastembed_provider.__name__):
@@ -422,6 +422,33 @@ async def test_a_copy_that_cannot_be_made_leaves_queries_exact_with_one_warning(
 
 
 @pytest.mark.model
+async def test_documents_are_embedded_while_the_query_copy_is_being_made(
+    default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy takes seconds at an engine's start; the projector's first embed, which
+    loads the document session, does not wait for it."""
+    building = threading.Event()
+    finish = threading.Event()
+
+    def slow_copy(model_dir: Path) -> Path:
+        building.set()
+        finish.wait(30)
+        return query_model_dir(default_model_dir)
+
+    monkeypatch.setattr(query_model, "int8_dot_products", lambda: True)
+    monkeypatch.setattr(fastembed_provider, "ensure_query_model", slow_copy)
+    provider = FastEmbedProvider(model_path=default_model_dir)
+    preparing = asyncio.create_task(asyncio.to_thread(provider.prepare_queries))
+    try:
+        assert await asyncio.to_thread(building.wait, 30)
+        [vector] = await asyncio.wait_for(provider.embed(["the back door"]), 20)
+        assert len(vector) == 384 and not preparing.done()
+    finally:
+        finish.set()
+        await preparing
+
+
+@pytest.mark.model
 def test_a_damaged_model_fails_no_start_for_its_query_copy(
     default_model_dir: Path,
     tmp_path: Path,
@@ -430,7 +457,7 @@ def test_a_damaged_model_fails_no_start_for_its_query_copy(
 ) -> None:
     """Garbage of the right size passes the quick check; the quantizer cannot parse it. A
     serving node still starts (its first embed fails, as it did before the copy existed)."""
-    monkeypatch.setattr(fastembed_provider, "int8_dot_products", lambda: True)
+    monkeypatch.setattr(query_model, "int8_dot_products", lambda: True)
     model_dir = tmp_path / DEFAULT_MODEL_DIRNAME
     shutil.copytree(default_model_dir, model_dir)
     onnx = model_dir / "model.onnx"
@@ -448,7 +475,7 @@ def test_a_damaged_model_fails_no_start_for_its_query_copy(
 async def test_cores_without_int8_dot_products_encode_queries_exactly_and_make_no_copy(
     default_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fastembed_provider, "int8_dot_products", lambda: False)
+    monkeypatch.setattr(query_model, "int8_dot_products", lambda: False)
     model_dir = tmp_path / DEFAULT_MODEL_DIRNAME
     shutil.copytree(default_model_dir, model_dir)
     provider = FastEmbedProvider(model_path=model_dir)

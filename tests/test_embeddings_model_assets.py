@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -65,3 +66,14 @@ def test_a_tampered_copy_fails_verification(default_model_dir: Path, tmp_path: P
 
 def test_a_missing_directory_is_not_verified(tmp_path: Path) -> None:
     assert not verify_default_model(tmp_path / "absent")
+
+
+def test_a_failing_child_is_one_line_naming_what_failed() -> None:
+    from prme.projectors.embeddings.model_assets import ModelAssetError, run_child
+
+    script = "import sys; print('working', file=sys.stderr); raise SystemExit('disk full')"
+    with pytest.raises(ModelAssetError) as failed:
+        run_child([sys.executable, "-c", script], "making the thing", 60)
+    assert str(failed.value) == "making the thing failed (1): disk full"
+    with pytest.raises(ModelAssetError, match=r"^making the thing timed out after 1 s$"):
+        run_child([sys.executable, "-c", "import time; time.sleep(30)"], "making the thing", 1)

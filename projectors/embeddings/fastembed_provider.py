@@ -40,7 +40,7 @@ from .model_assets import (
     sha256_file,
     verify_default_model,
 )
-from .query_model import ensure_query_model, int8_dot_products
+from .query_model import ensure_query_model, int8_queries
 from .validation import check_texts, validate_matrix
 
 __all__ = ["DEFAULT_MODEL_NAME", "FastEmbedProvider", "QueryPrecision", "registered_model"]
@@ -117,18 +117,19 @@ class FastEmbedProvider:
         self._query_threads = query_threads
         self._is_default = model_name.lower() == DEFAULT_MODEL_NAME.lower()
         self._version = self._describe_version()
-        self._int8_queries = (
-            query_precision == "int8" and self._assembled_default() and int8_dot_products()
-        )
+        self._int8_queries = int8_queries(query_precision) and self._assembled_default()
         self._model: TextEmbedding | None = None
         self._query_model: TextEmbedding | None = None
         self._load_lock = threading.Lock()
+        self._copy_lock = threading.Lock()
+        """Held while the int8 copy is made: not the load lock, which a first document
+        embed needs meanwhile."""
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without the loaded model (another process loads its own on first use)."""
         state = dict(self.__dict__)
         state["_model"] = state["_query_model"] = None
-        del state["_load_lock"]
+        del state["_load_lock"], state["_copy_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -136,6 +137,7 @@ class FastEmbedProvider:
             {"_query_threads": 1, "_query_model": None, "_int8_queries": False, **state}
         )
         self._load_lock = threading.Lock()
+        self._copy_lock = threading.Lock()
 
     @property
     def model_name(self) -> str:
@@ -154,8 +156,13 @@ class FastEmbedProvider:
         """What queries are encoded at: ``"int8"`` on the default model's int8 copy, else
         ``"float"`` (asked for, another model, cores without int8 dot products, a copy that
         could not be made, or a subclass whose own recipe encodes its queries)."""
+        return "int8" if self._queries_on_copy() else "float"
+
+    def _queries_on_copy(self) -> bool:
+        """Whether queries go to the int8 copy: asked for, available, and not taken by a
+        subclass's own query or document recipe."""
         own_recipe = self._recipe_overridden() or callable(getattr(self, "embed_query", None))
-        return "int8" if self._int8_queries and not own_recipe else "float"
+        return self._int8_queries and not own_recipe
 
     @property
     def batch_size(self) -> int:
@@ -259,12 +266,13 @@ class FastEmbedProvider:
             return self._query_model
 
     def _query_copy(self) -> Path | None:
-        """The int8 copy's directory, made if missing (with the load lock held); ``None``,
-        and exact queries from then on, when it cannot be made for any reason: a read-only
-        directory, a damaged model the quantizer cannot parse (which then fails where the
-        exact model loads, as before the copy existed)."""
+        """The int8 copy's directory, made if missing; ``None``, and exact queries from
+        then on, when it cannot be made for any reason: a read-only directory, a damaged
+        model the quantizer cannot parse (which then fails where the exact model loads, as
+        before the copy existed)."""
         try:
-            return ensure_query_model(self._default_model_dir())
+            with self._copy_lock:
+                return ensure_query_model(self._model_dir())
         except Exception as error:
             self._int8_queries = False
             _log.warning(
@@ -290,9 +298,8 @@ class FastEmbedProvider:
         (a few seconds, once per machine): what serves queries calls this as it starts, so
         no query waits for it (a projector alone never does). A copy that cannot be made
         is logged, and queries are encoded on the exact model instead."""
-        if self._int8_queries:
-            with self._load_lock:
-                copy = self._query_copy()
+        if self._queries_on_copy():
+            copy = self._query_copy()
             if copy is not None:
                 _log.info(
                     "queries are encoded on the default model's int8 copy in %s "
@@ -307,7 +314,8 @@ class FastEmbedProvider:
             return False
         return self._model_path is None or verify_default_model(self._model_path)
 
-    def _default_model_dir(self) -> Path:
+    def _model_dir(self) -> Path:
+        """``model_path``, or the assembled default model's directory."""
         return self._model_path or ensure_default_model(self._models_dir or Settings().models_path)
 
     def _load(
@@ -322,7 +330,7 @@ class FastEmbedProvider:
             )
         options: dict[str, Any] = {"threads": threads}
         if model_dir is None and (self._model_path is not None or self._is_default):
-            model_dir = self._default_model_dir()
+            model_dir = self._model_dir()
         if model_dir is not None:
             options["specific_model_path"] = str(model_dir)
         elif self._models_dir is not None:

