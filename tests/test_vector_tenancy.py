@@ -1,0 +1,284 @@
+"""A vector shard that holds one owner's points only is searched without the payload
+filter (``vector_tenancy``): the same hits as the filtered search, and never another
+owner's point."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from qdrant_edge import FieldCondition, Filter, MatchAny, MatchValue, Query, QueryRequest
+
+from prme.projectors.model import ProjectedRecord
+from prme.projectors.stores import vector_edge, vector_tenancy
+from prme.projectors.stores.vector_base import VectorHit, point_id
+from prme.projectors.stores.vector_edge import EdgeVectorModel
+from prme.projectors.stores.vector_tenancy import Holding, Tenancy
+
+from .record_builders import archived, erased, restored, superseded
+from .vector_contract import IDENTITY, basis, ids, lifecycle, message, node_of
+
+OWNERS = ("alice", "bob")
+
+
+def key(node_id: str) -> int:
+    return uuid.UUID(point_id(node_id)).int
+
+
+def filtered(
+    model: EdgeVectorModel, vector: list[float], owner: str, include_inactive: bool, limit: int
+) -> list[VectorHit]:
+    """The search as it is made with the payload conditions (the oracle)."""
+    must = [FieldCondition("owner", match=MatchValue(owner))]
+    if not include_inactive:
+        must.append(FieldCondition("state", match=MatchAny(["active"])))
+    request = QueryRequest(
+        limit=limit, query=Query.Nearest(vector), filter=Filter(must=must), with_payload=True
+    )
+    with model._live.lock:
+        found = model._live.shard.query(request)
+    return [
+        VectorHit(node_id=str((point.payload or {})["node_id"]), score=float(point.score))
+        for point in found
+    ]
+
+
+class _Recorder:
+    """The live EdgeShard, keeping the filter of each query made through it."""
+
+    def __init__(self, shard: object) -> None:
+        self.shard = shard
+        self.filters: list[Filter | None] = []
+
+    def query(self, request: QueryRequest) -> object:
+        self.filters.append(request.filter)
+        return self.shard.query(request)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.shard, name)
+
+
+def recorded(model: EdgeVectorModel) -> _Recorder:
+    recorder = _Recorder(model._live.shard)
+    model._live.shard = recorder  # type: ignore[assignment]
+    return recorder
+
+
+def payload_conditions(where: Filter | None) -> bool:
+    return where is not None and bool(where.must)
+
+
+# -- the state, from writes alone ---------------------------------------------------------
+
+
+def test_an_empty_shard_becomes_its_first_owners_and_shared_with_a_second() -> None:
+    tenancy = Tenancy()
+    tenancy.surveyed(0)
+    tenancy.upserted("alice", "active", 1)
+    assert tenancy.sole_owner() == "alice"
+    tenancy.upserted("alice", "active", 2)
+    assert tenancy.sole_owner() == "alice"
+    tenancy.upserted("bob", "active", 3)
+    assert tenancy.holding is Holding.SHARED
+    tenancy.erased("alice")  # bob alone now, but only a survey can say so
+    assert tenancy.holding is Holding.UNKNOWN
+
+
+def test_a_point_without_an_owner_makes_the_shard_shared() -> None:
+    tenancy = Tenancy()
+    tenancy.surveyed(0)
+    tenancy.upserted(None, "active", 1)
+    tenancy.upserted("alice", "active", 2)
+    assert tenancy.holding is Holding.SHARED
+    tenancy.surveyed(1, "alice")
+    tenancy.upserted(None, "active", 3)
+    assert tenancy.holding is Holding.SHARED
+
+
+def test_writes_say_nothing_until_a_survey() -> None:
+    tenancy = Tenancy()
+    tenancy.upserted("alice", "active", 1)
+    tenancy.state_set("alice", 1, "archived")
+    assert tenancy.holding is Holding.UNKNOWN
+    assert tenancy.sole_owner() is None
+
+
+def test_a_sole_owners_inactive_points_follow_its_state_changes() -> None:
+    tenancy = Tenancy()
+    tenancy.surveyed(1, "alice", [7])
+    tenancy.state_set("alice", 1, "archived")
+    tenancy.state_set("bob", 2, "archived")  # not alice's: the write matches no point
+    tenancy.upserted("alice", "active", 7)  # written again, active
+    assert tenancy.inactive == {1}
+    version = tenancy.version
+    tenancy.state_set("alice", 1, "active")
+    assert tenancy.inactive == set()
+    assert tenancy.version > version
+    tenancy.erased("bob")
+    assert tenancy.sole_owner() == "alice"
+    tenancy.erased("alice")
+    assert tenancy.holding is Holding.EMPTY
+
+
+def test_too_many_inactive_points_make_searches_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vector_tenancy, "EXCLUDED_AT_MOST", 2)
+    tenancy = Tenancy()
+    tenancy.surveyed(1, "alice", [1, 2, 3])
+    assert tenancy.holding is Holding.SHARED
+    tenancy.surveyed(1, "alice", [1, 2])
+    tenancy.state_set("alice", 3, "superseded")
+    assert tenancy.holding is Holding.SHARED
+
+
+# -- searches -----------------------------------------------------------------------------
+
+
+def test_a_sole_owners_search_has_no_payload_condition_and_leaves_out_the_rest(
+    tmp_path: Path,
+) -> None:
+    items = [message(n, basis(1, n / 10)) for n in range(6)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply([*items, lifecycle(6, archived, node_of(items[0]))])
+        recorder = recorded(model)
+        # basis(1) is the tracking point's own vector: it would rank first if not excluded
+        active = model.search(basis(1), "alice", None, 10)
+        everything = model.search(basis(1), "alice", None, 10, include_inactive=True)
+        nobody = model.search(basis(1), "bob", None, 10)
+        assert [payload_conditions(f) for f in recorder.filters] == [False, False, True]
+        assert active == filtered(model, basis(1), "alice", False, 10)
+        assert everything == filtered(model, basis(1), "alice", True, 10)
+    assert set(ids(active)) == {node_of(item) for item in items[1:]}
+    assert set(ids(everything)) == {node_of(item) for item in items}
+    assert nobody == []
+
+
+def test_a_second_owners_write_makes_the_next_search_filter(tmp_path: Path) -> None:
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply([message(0, basis(1))])
+        assert model._tenancy.sole_owner() == "alice"
+        theirs = message(1, basis(1), owner="bob")
+        model.apply([theirs])
+        recorder = recorded(model)
+        assert ids(model.search(basis(1), "alice", None, 10)) == [node_of(message(0, None))]
+        assert ids(model.search(basis(1), "bob", None, 10)) == [node_of(theirs)]
+        assert all(payload_conditions(f) for f in recorder.filters)
+
+
+def test_an_opened_shard_is_surveyed_once(tmp_path: Path) -> None:
+    items = [message(n, basis(1, n), owner="alice") for n in range(4)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply([*items, lifecycle(4, superseded, node_of(items[1]), by_node_id="x")])
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        assert model._tenancy.holding is Holding.UNKNOWN
+        first = model.search(basis(0, 1), "alice", None, 10)
+        assert model._tenancy.sole_owner() == "alice"
+        assert model._tenancy.inactive == {key(node_of(items[1]))}
+        version = model._tenancy.version
+        assert model.search(basis(0, 1), "alice", None, 10) == first
+        assert model._tenancy.version == version
+    assert set(ids(first)) == {node_of(items[n]) for n in (0, 2, 3)}
+
+
+def test_a_shard_of_several_owners_is_surveyed_as_shared_until_an_erasure(
+    tmp_path: Path,
+) -> None:
+    mine, theirs = message(0, basis(1)), message(1, basis(1), owner="bob")
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply([mine, theirs])
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        assert ids(model.search(basis(1), "alice", None, 10)) == [node_of(mine)]
+        assert model._tenancy.holding is Holding.SHARED
+        model.apply([ProjectedRecord(offset=2, record=erased("x2", owner="alice"))])
+        assert ids(model.search(basis(1), "bob", None, 10)) == [node_of(theirs)]
+        assert model._tenancy.sole_owner() == "bob"
+        assert model.search(basis(1), "alice", None, 10) == []
+
+
+def test_a_replaced_live_shard_is_surveyed_again(tmp_path: Path) -> None:
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply([message(0, basis(1))])
+        model.search(basis(1), "alice", None, 10)
+        recorder = recorded(model)  # another object, as a build's or a rewrite's swap gives
+        model._tenancy.surveyed(2)  # would keep the filter if the new shard were not surveyed
+        model.search(basis(1), "alice", None, 10)
+        assert model._tenancy.sole_owner() == "alice"
+        assert not payload_conditions(recorder.filters[-1])
+
+
+def test_too_many_inactive_points_for_an_id_list_are_filtered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vector_tenancy, "EXCLUDED_AT_MOST", 2)
+    monkeypatch.setattr(vector_edge, "EXCLUDED_AT_MOST", 2)
+    items = [message(n, basis(1, n)) for n in range(5)]
+    gone = [lifecycle(5 + n, archived, node_of(items[n])) for n in range(3)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply([*items, *gone])
+        found = model.search(basis(1), "alice", None, 10)
+        assert model._tenancy.holding is Holding.SHARED
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        assert model.search(basis(1), "alice", None, 10) == found
+        assert model._tenancy.holding is Holding.SHARED
+    assert set(ids(found)) == {node_of(items[3]), node_of(items[4])}
+
+
+# -- any sequence of writes ---------------------------------------------------------------
+
+_STEP = st.one_of(
+    st.tuples(st.just("write"), st.sampled_from(OWNERS), st.integers(0, 7)),
+    st.tuples(st.sampled_from(("archive", "restore", "supersede")), st.integers(0, 7)),
+    st.tuples(st.just("erase"), st.sampled_from(OWNERS)),
+    st.tuples(st.just("reopen")),
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(steps=st.lists(_STEP, min_size=1, max_size=14))
+def test_every_search_equals_the_filtered_search_after_any_writes(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[object, ...]]
+) -> None:
+    path = tmp_path_factory.mktemp("tenancy") / "p0"
+    written: dict[int, str] = {}  # message number -> its node id (the latest owner's)
+    owner_of: dict[int, str] = {}
+    model = EdgeVectorModel(path, IDENTITY)
+    try:
+        for offset, step in enumerate(steps):
+            kind = step[0]
+            if kind == "reopen":
+                model.close()
+                model = EdgeVectorModel(path, IDENTITY)
+                continue
+            item: ProjectedRecord
+            if kind == "write":
+                owner, number = str(step[1]), int(str(step[2]))
+                item = message(offset, basis(1, number, number % 3), owner=owner)
+                written[offset], owner_of[offset] = node_of(item), owner
+            elif kind == "erase":
+                item = ProjectedRecord(offset=offset, record=erased(f"x{offset}", str(step[1])))
+            else:
+                if not written:
+                    continue
+                target = sorted(written)[int(str(step[1])) % len(written)]
+                builder = {"archive": archived, "restore": restored}.get(str(kind))
+                extra = {} if builder is not None else {"by_node_id": "other"}
+                item = lifecycle(
+                    offset,
+                    builder or superseded,
+                    written[target],
+                    owner=owner_of[target],
+                    **extra,
+                )
+            model.apply([item])
+            for owner in OWNERS:
+                for include_inactive in (False, True):
+                    query = basis(1, offset % 4)
+                    assert model.search(query, owner, None, 20, include_inactive) == filtered(
+                        model, query, owner, include_inactive, 20
+                    )
+    finally:
+        model.close()
