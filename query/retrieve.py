@@ -23,7 +23,7 @@ from prme.schemas.records import has_visible_text
 
 from .analysis import QueryAnalysis, analyse, speaker_factor
 from .bundle import pack
-from .fusion import FusionName, fuse
+from .fusion import FusionName, best_first, fuse
 from .temporal import has_time_expression
 from .tokens import TokenCounter
 from .types import (
@@ -80,7 +80,7 @@ class Retriever:
             fusion, channels, k=self._settings.scoring.rrf_k, weights=self._settings.scoring.weights
         )
         clock.lap("fusion")
-        ranked = sorted(fused.items(), key=lambda item: (-item[1], item[0]))
+        ranked = best_first(fused.items())
         nodes: dict[str, Any] = {}
         boosts: dict[str, float] = {}
         if analysis.time_cue or analysis.dates or analysis.speakers:
@@ -108,17 +108,13 @@ class Retriever:
         ]
         bundle, costs = pack(results, token_budget, self._counter)
         in_bundle = {item.node_id for item in bundle.items}
-        ranks = {
-            name: {node_id: rank for rank, (node_id, _) in enumerate(ranking, start=1)}
-            for name, ranking in channels.items()
-        }
-        scores = {name: dict(ranking) for name, ranking in channels.items()}
+        ranks, scores = _channel_positions(channels, {r.node_id for r in results})
         evidence = [
             ResultEvidence(
                 node_id=r.node_id,
                 event_id=r.event_id,
-                ranks={c: ranks[c][r.node_id] for c in channels if r.node_id in ranks[c]},
-                scores={c: scores[c][r.node_id] for c in channels if r.node_id in scores[c]},
+                ranks=ranks[r.node_id],
+                scores=scores[r.node_id],
                 fused_score=r.score,
                 semantic_relevance=r.semantic_relevance,
                 tokens=cost,
@@ -429,6 +425,21 @@ def _search_one(model: Any, call: Callable[[Any], Any], *, beside: bool = False)
     return _Outcome(hits, _ms(started), None)
 
 
+def _channel_positions(
+    channels: Mapping[str, Ranking], node_ids: set[str]
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, float]]]:
+    """For each of ``node_ids``, its rank (1-based) and raw score in each channel that
+    returned it, by channel in ``channels``' order."""
+    ranks: dict[str, dict[str, int]] = {node_id: {} for node_id in node_ids}
+    scores: dict[str, dict[str, float]] = {node_id: {} for node_id in node_ids}
+    for name, ranking in channels.items():
+        for rank, (node_id, score) in enumerate(ranking, start=1):
+            if node_id in node_ids:
+                ranks[node_id][name] = rank
+                scores[node_id][name] = score
+    return ranks, scores
+
+
 def boosted(head: Ranking, boosts: dict[str, float]) -> Ranking:
     """``head`` rescored by each candidate's factor and sorted. A boosted candidate scores
     at least the lowest positive score of the head before its factor: zscore fusion clips
@@ -440,8 +451,7 @@ def boosted(head: Ranking, boosts: dict[str, float]) -> Ranking:
         (node_id, (max(score, floor) if node_id in boosts else score) * boosts.get(node_id, 1.0))
         for node_id, score in head
     ]
-    rescored.sort(key=lambda item: (-item[1], item[0]))
-    return rescored
+    return best_first(rescored)
 
 
 def time_factor(

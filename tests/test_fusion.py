@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from prme.query.fusion import fuse, rrf, weighted, zscore
+from prme.query.fusion import best_first, fuse, rrf, weighted, zscore
 
 CHANNELS = {
     "vector": [("a", 0.9), ("b", 0.5), ("c", 0.1)],
@@ -68,3 +70,34 @@ def test_fuse_dispatches_and_rejects_unknown_rules() -> None:
     assert fuse("zscore", CHANNELS) == zscore(CHANNELS)
     with pytest.raises(ValueError, match="unknown fusion"):
         fuse("borda", CHANNELS)  # type: ignore[arg-type]
+
+
+def _zscore_as_written(channels: dict[str, list[tuple[str, float]]]) -> dict[str, float]:
+    """The rule as the module's docstring states it, term by term."""
+    fused: dict[str, float] = {}
+    for ranking in channels.values():
+        if not ranking:
+            continue
+        scores = [score for _, score in ranking]
+        mean = sum(scores) / len(scores)
+        std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
+        for node_id, score in ranking:
+            z = 1.0 if std == 0 else max(0.0, (score - mean) / std)
+            fused[node_id] = fused.get(node_id, 0.0) + 1.0 * z
+    return fused
+
+
+_SCORES = st.floats(-1e6, 1e6, allow_nan=False).map(lambda x: round(x, 3))
+_RANKING = st.lists(st.tuples(st.sampled_from("abcdefghij"), _SCORES), max_size=30)
+
+
+@given(st.dictionaries(st.sampled_from(["vector", "lexical", "graph"]), _RANKING))
+def test_zscore_equals_the_rule_as_written_to_the_last_bit(
+    channels: dict[str, list[tuple[str, float]]],
+) -> None:
+    assert zscore(channels) == _zscore_as_written(channels)
+
+
+@given(st.dictionaries(st.text("abc", max_size=3), st.sampled_from([0.0, -0.0, 1.5, 2.0, -3.0])))
+def test_best_first_orders_by_score_then_node_id(scores: dict[str, float]) -> None:
+    assert best_first(scores.items()) == sorted(scores.items(), key=lambda i: (-i[1], i[0]))
