@@ -701,6 +701,7 @@ def render_status(status: dict[str, Any]) -> str:
         + f"lag {status['lag_records']} records  dead letters {status['dead_letters']}",
         f"embedding {embedding['model_name']} {embedding['model_version']} "
         f"dim {embedding['dimension']}"
+        + (f"  queries {precision}" if (precision := embedding.get("query_precision")) else "")
         + (
             f"  MISMATCH in partitions {embedding['mismatched_partitions']}"
             if embedding["mismatched_partitions"]

@@ -134,6 +134,10 @@ class EmbeddingStatus(msgspec.Struct, frozen=True, kw_only=True):
     dimension: int
     mismatched_partitions: list[int]
     """Partitions whose vector model was built by another identity (rebuild them)."""
+    query_precision: str | None = None
+    """How queries are encoded (``embedding.query_precision`` in effect: ``int8`` on the
+    default model's int8 copy, ``float`` on the exact model; ``None``: the provider does
+    not say)."""
 
 
 PartitionState = Literal[
@@ -236,6 +240,7 @@ async def node_status(runner: ProjectorRunner) -> NodeStatus:
             mismatched_partitions=sorted(
                 p for p, shard in runner.shards.items() if shard.vector_mismatch
             ),
+            query_precision=getattr(runner.provider, "query_precision", None),
         ),
         lexical_legacy_partitions=sorted(
             p for p, shard in runner.shards.items() if shard.lexical_legacy

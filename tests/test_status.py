@@ -100,9 +100,23 @@ async def check_status(settings: Settings, provider: Any) -> tuple[dict[str, Any
 
 
 async def test_status_on_the_local_log(local_settings: Settings, hashed_provider: Any) -> None:
-    status, _, _ = await check_status(local_settings, hashed_provider)
+    status, text, _ = await check_status(local_settings, hashed_provider)
     assert status["transport"] == "local" and status["group_members"] is None
+    assert status["embedding"]["query_precision"] is None  # a provider that does not say
+    assert "queries" not in text
     assert sum(p["log_end"] for p in status["partitions"]) == sum(WRITES.values())
+
+
+async def test_status_says_how_queries_are_encoded(local_settings: Settings) -> None:
+    """Only the start log and each receipt said it (the last stop's note)."""
+    from prme.projectors.embeddings.hashed import HashedBagOfWordsProvider
+
+    class Int8Queries(HashedBagOfWordsProvider):
+        query_precision = "int8"
+
+    status, text, _ = await check_status(local_settings, Int8Queries(dimension=16))
+    assert status["embedding"]["query_precision"] == "int8"
+    assert "queries int8" in text
 
 
 @pytest.mark.kafka
