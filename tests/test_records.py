@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import msgspec
@@ -173,6 +174,34 @@ def test_an_object_setting_given_as_plain_text_says_it_takes_json() -> None:
     `object`, got `str`"."""
     with pytest.raises(ConfigurationError, match="gives an object or a list as JSON"):
         Settings.from_env({"PRME_SERVICE__API_KEYS": "not json"})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "allowed"),
+    [
+        ("PRME_EMBEDDING__QUERY_PRECISION", "fp16", "(one of: float, int8)"),
+        ("PRME_SCORING__FUSION", "borda", "(one of: rrf, weighted, zscore)"),
+        ("PRME_SCORING__WEIGHTS", '{"vectr": 1}', "(one of: graph, lexical, vector)"),
+        ("PRME_LOG__TRANSPORT", "kafak", "(one of: kafka, local)"),
+    ],
+)
+def test_a_value_outside_a_settings_choices_names_the_choices(
+    variable: str, value: str, allowed: str
+) -> None:
+    """The message named the setting but not what it takes (the last stop's note)."""
+    with pytest.raises(ConfigurationError) as raised:
+        Settings.from_env({variable: value})
+    assert str(raised.value).endswith(allowed)
+    section, key = variable.removeprefix("PRME_").lower().split("__")
+    with pytest.raises(ConfigurationError) as replaced:
+        Settings().replace(**{section: {key: json.loads(value) if value[0] == "{" else value}})
+    assert str(replaced.value).endswith(allowed)
+
+
+def test_a_numeric_setting_out_of_range_gets_no_choices() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        Settings.from_env({"PRME_EMBEDDING__BATCH_SIZE": "-3"})
+    assert "one of" not in str(raised.value)
 
 
 def test_weights_and_timeouts_are_finite_and_zero_counts_stay_valid() -> None:
