@@ -235,7 +235,12 @@ class EdgeVectorModel(VectorModelBase):
 
     def _write(self, ops: list[VectorOp], tracking: TrackingState) -> None:
         with self._live.lock:
-            self._write_locked(ops, tracking)
+            try:
+                self._write_locked(ops, tracking)
+            except BaseException:
+                # The tenancy may have taken in writes the shard did not: survey it again.
+                self._tenancy.forget()
+                raise
             if self._builder is not None:
                 self._builder.maybe_start()
 
@@ -315,7 +320,8 @@ class EdgeVectorModel(VectorModelBase):
                 self._tenancy_of = self._shard
             if self._tenancy.holding is Holding.UNKNOWN:
                 self._survey()
-            if self._tenancy.sole_owner() == where.owner:
+            sole = self._tenancy.sole_owner()
+            if sole is not None and sole == where.owner:
                 return self._sole_owner_filter(where.states is not None)
         must: list[ConditionType] = [_match("owner", where.owner)]
         if where.scope is not None:

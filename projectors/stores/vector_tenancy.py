@@ -76,7 +76,8 @@ class Tenancy:
             self._settle(Holding.UNKNOWN)  # the owner left may be alone now
 
     def forget(self) -> None:
-        """The shard changed in a way no write says (a new live shard): survey it again."""
+        """The shard may hold what no write said (a new live shard, a write that failed
+        part way): survey it again."""
         self._settle(Holding.UNKNOWN)
 
     def surveyed(self, owners: int, owner: str = "", inactive: Iterable[int] = ()) -> None:
