@@ -7,10 +7,11 @@ without them, for the same hits. The lexical model drops its filter clauses in t
 case (``lexical._excluded``). A shard where the owner is alone is searched with one
 condition instead: not the special points, nor the owner's inactive points, by id.
 
-The state follows every write in order, under the shard's lock, as the shard does. Writes
-can only narrow what is known (a second owner's point makes the shard shared); a survey of
-the shard (``EdgeVectorModel._survey``) settles it when nothing is known: at open, after an
-erasure of a shared shard, or when the live shard was replaced.
+The state follows every write in order, under the shard's lock, as the shard does: an
+empty shard's first point makes it that owner's, a second owner's point makes it shared.
+No write makes a shared shard one owner's again; a survey of the shard
+(``EdgeVectorModel._survey``) settles it when nothing is known: at open, after an erasure
+of a shared shard, after a write that failed, or when the live shard was replaced.
 """
 
 from __future__ import annotations
