@@ -40,6 +40,7 @@ from prme.schemas.errors import (
     patterns_in_words,
 )
 from prme.schemas.records import HTTP_ERASABLE_OWNER_PATTERN, Message
+from prme.schemas.validation_hints import validation_hint
 
 from .auth import ApiKeys, Caller, refuse_repeated_credentials
 from .cluster import NotOwner
@@ -568,9 +569,13 @@ def on_prme_error(_: Request[Any, Any, Any], error: Exception) -> Response[Any]:
     return _error(500, "internal", str(error))
 
 
-def on_decode_error(_: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
+def on_decode_error(request: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
     if isinstance(error, msgspec.ValidationError):
         reason = patterns_in_words(str(error), PATTERN_WORDS)
+        body = request.route_handler.parsed_data_field
+        struct = None if body is None else body.annotation
+        if isinstance(struct, type) and issubclass(struct, msgspec.Struct):
+            reason += validation_hint(struct, str(error))
         return _error(400, "invalid_input", f"invalid request body: {reason}")
     return _error(400, "invalid_input", f"malformed JSON request body: {error}")
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-import msgspec.inspect
 
 from .errors import ConfigurationError
 from .records import UserIdField
+from .validation_hints import validation_hint
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -340,7 +340,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         try:
             return msgspec.convert(tree, cls, strict=False)
         except msgspec.ValidationError as error:
-            hint = _allowed_values(cls, str(error))
+            hint = validation_hint(cls, str(error), variables=True)
             if any(f"Expected `{kind}`, got `str`" in str(error) for kind in ("object", "array")):
                 hint = " (a PRME_ variable gives an object or a list as JSON: '{\"key\": ...}')"
             raise ConfigurationError(f"invalid settings: {error}{hint}") from error
@@ -352,7 +352,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         try:
             return msgspec.convert(tree, Settings, strict=False)
         except msgspec.ValidationError as error:
-            hint = _allowed_values(Settings, str(error))
+            hint = validation_hint(Settings, str(error))
             raise ConfigurationError(f"invalid settings: {error}{hint}") from error
 
     @property
@@ -364,30 +364,6 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.models_dir:
             return Path(self.models_dir)
         return Path(os.path.expanduser("~/.cache/prme/models"))
-
-
-_ENUM_ERROR = re.compile(r"Invalid enum value .* - at (?P<key>`key` in )?`\$(?P<path>(?:\.\w+)+)`$")
-
-
-def _allowed_values(cls: type[msgspec.Struct], error: str) -> str:
-    """`` (one of: a, b)`` for msgspec's error about a value outside a setting's choices
-    (``Invalid enum value 'x' - at `$.scoring.fusion```), else ``""``."""
-    match = _ENUM_ERROR.match(error)
-    if match is None:
-        return ""
-    node: Any = msgspec.inspect.type_info(cls)
-    for name in match["path"].split(".")[1:]:
-        fields = {f.name: f.type for f in getattr(node, "fields", ())}
-        if name not in fields:
-            return ""
-        node = fields[name]
-    if match["key"]:
-        node = getattr(node, "key_type", None)
-    if isinstance(node, msgspec.inspect.UnionType):  # an optional choice
-        node = next((t for t in node.types if isinstance(t, msgspec.inspect.LiteralType)), None)
-    if not isinstance(node, msgspec.inspect.LiteralType):
-        return ""
-    return f" (one of: {', '.join(str(value) for value in node.values)})"
 
 
 _CLOSE = 0.85

@@ -198,6 +198,19 @@ def test_a_value_outside_a_settings_choices_names_the_choices(
     assert str(replaced.value).endswith(allowed)
 
 
+def test_a_misspelt_key_in_a_section_says_what_it_is_close_to() -> None:
+    """PRME_SCORING_FUSION got a suggestion, PRME_SCORING__FUSON did not (a trial)."""
+    with pytest.raises(ConfigurationError) as raised:
+        Settings.from_env({"PRME_SCORING__FUSON": "rrf"})
+    assert str(raised.value).endswith("(did you mean PRME_SCORING__FUSION?)")
+    with pytest.raises(ConfigurationError) as replaced:
+        Settings().replace(query={"time_depht": 3})
+    assert str(replaced.value).endswith("(did you mean time_depth?)")
+    with pytest.raises(ConfigurationError) as unlike:
+        Settings.from_env({"PRME_SCORING__XYZ": "1"})
+    assert "did you mean" not in str(unlike.value)
+
+
 def test_a_numeric_setting_out_of_range_gets_no_choices() -> None:
     with pytest.raises(ConfigurationError) as raised:
         Settings.from_env({"PRME_EMBEDDING__BATCH_SIZE": "-3"})

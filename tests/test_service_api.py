@@ -112,6 +112,20 @@ async def test_a_pattern_error_says_the_rule_in_words(http: httpx.AsyncClient) -
     assert "owner id without control" in history.json()["detail"]
 
 
+async def test_a_value_outside_a_fields_choices_names_them(http: httpx.AsyncClient) -> None:
+    """A new-user trial: `"fusion": "best"` said only "Invalid enum value 'best'", while
+    the same mistake in a setting names the choices."""
+    cases = [
+        ("/v1/retrieve", {"user_id": "alice", "query": "x", "fusion": "best"}, "rrf, weighted"),
+        ("/v1/memories", {"user_id": "alice", "content": "x", "role": "robot"}, "assistant"),
+        ("/v1/retrieve", {"user_id": "alice", "query": "x", "top_kk": 3}, "did you mean top_k?"),
+    ]
+    for path, body, words in cases:
+        response = await http.post(path, json=body, headers=ADMIN)
+        assert response.status_code == 400, response.text
+        assert words in response.json()["detail"], response.text
+
+
 async def test_key_of_one_owner_cannot_act_for_another(
     http: httpx.AsyncClient, engine: MemoryEngine
 ) -> None:
