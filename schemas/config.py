@@ -343,7 +343,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             hint = validation_hint(cls, str(error), variables=True)
             if any(f"Expected `{kind}`, got `str`" in str(error) for kind in ("object", "array")):
                 hint = " (a PRME_ variable gives an object or a list as JSON: '{\"key\": ...}')"
-            raise ConfigurationError(f"invalid settings: {error}{hint}") from error
+            source = _variable_of(str(error), environ)
+            raise ConfigurationError(f"invalid settings: {error}{hint}{source}") from error
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with top-level fields (or nested dicts) changed; self is not modified."""
@@ -364,6 +365,26 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.models_dir:
             return Path(self.models_dir)
         return Path(os.path.expanduser("~/.cache/prme/models"))
+
+
+_ERROR_PATH = re.compile(r" - at (?:`key` in )?`\$(?P<path>(?:\.\w+)+)`")
+
+
+def _variable_of(error: str, environ: Mapping[str, str]) -> str:
+    """`` (set by PRME_SCORING__FUSION)`` for an error at a path a ``PRME_`` variable set
+    (that path or one around it, or the one variable set inside it), else ``""``: the
+    error names the path, the user set the variable."""
+    match = _ERROR_PATH.search(error)
+    if match is None:
+        return ""
+    parts = match["path"].split(".")[1:]
+    for end in range(len(parts), 0, -1):
+        name = "PRME_" + "__".join(parts[:end]).upper()
+        if environ.get(name):
+            return f" (set by {name})"
+    prefix = "PRME_" + "__".join(parts).upper() + "__"
+    inside = [name for name, value in environ.items() if name.startswith(prefix) and value]
+    return f" (set by {inside[0]})" if len(inside) == 1 else ""
 
 
 _CLOSE = 0.85
