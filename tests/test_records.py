@@ -227,8 +227,11 @@ def test_a_settings_error_names_the_variable_that_set_it(
     with pytest.raises(ConfigurationError) as raised:
         Settings.from_env(environ)
     assert str(raised.value).endswith(f"(set by {variable})")
+
+
+def test_a_settings_error_from_an_override_names_no_variable() -> None:
     with pytest.raises(ConfigurationError) as overridden:
-        Settings.from_env({}, embedding={"batch_size": -3})
+        Settings.from_env({"PRME_SCORING__FUSION": "rrf"}, embedding={"batch_size": -3})
     assert "set by" not in str(overridden.value)
 
 
