@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
 from collections import OrderedDict
@@ -17,6 +18,12 @@ UNKNOWN_BYTES_PER_TOKEN = 3
 """A piece of text the vocabulary does not know (``[UNK]``: a Thai word, an emoji, a run
 of full-width letters, whatever its length) counts one token per this many UTF-8 bytes,
 about one per character for the scripts it covers, instead of one in all."""
+
+_CHUNKS = re.compile(r"[^ \t\n\r]+")
+"""Runs between ASCII spaces, tabs and line breaks: no token spans one of those (below)."""
+
+CACHED_CHUNKS = 200_000
+"""Chunks whose counts a :class:`TokenCounter` keeps (forgotten all at once when full)."""
 
 CACHED_COUNTS = 50_000
 """Texts whose counts :meth:`TokenCounter.count_many` remembers: a bundle's lines are its
@@ -42,6 +49,9 @@ class TokenCounter:
             self._tokenizer.no_truncation()
             self._tokenizer.no_padding()
             self._unknown = self._tokenizer.token_to_id("[UNK]")
+        self._chunked = self._tokenizer is not None and _splits_at_ascii_spaces(self._tokenizer)
+        self._chunk_counts: dict[int, int] = {}
+        """Counts by the chunk's ``hash()`` (a 64-bit SipHash with the process's own key)."""
 
     @property
     def name(self) -> str:
@@ -66,22 +76,7 @@ class TokenCounter:
             counts = self._counts
             missing = {d: t for d, t in zip(digests, texts, strict=True) if d not in counts}
         if missing:  # counted outside the lock: another thread may count meanwhile
-            texts_missing = list(missing.values())
-            if self._tokenizer is not None:
-                # No offsets are needed to count: the fast form skips them (~40 % less CPU).
-                encodings = self._tokenizer.encode_batch_fast(
-                    texts_missing, add_special_tokens=False
-                )
-                fresh = [len(e.ids) for e in encodings]
-                unknown = [i for i, e in enumerate(encodings) if self._unknown in e.ids]
-                if unknown:  # their offsets, in one more batch
-                    again = self._tokenizer.encode_batch(
-                        [texts_missing[i] for i in unknown], add_special_tokens=False
-                    )
-                    for i, encoding in zip(unknown, again, strict=True):
-                        fresh[i] = self._counted(texts_missing[i], encoding)
-            else:
-                fresh = [self.count(text) for text in texts_missing]
+            fresh = self._count_new(list(missing.values()))
             found = dict(zip(missing, fresh, strict=True))
         else:
             found = {}
@@ -98,6 +93,69 @@ class TokenCounter:
             while len(counts) > self._cached:
                 counts.popitem(last=False)
             return answer
+
+    def _count_new(self, texts: list[str]) -> list[int]:
+        """The counts of ``texts``, exactly as :meth:`count` gives them.
+
+        With a tokenizer that splits words at whitespace (BERT's), a text's count is the sum
+        of its chunks' counts, and a chunk's count is remembered: a bundle's new memories
+        mostly repeat words seen before, and tokenizing a whole text took ~80 µs."""
+        if self._tokenizer is None:
+            return [self.count(text) for text in texts]
+        if not self._chunked:
+            return self._tokenized(texts)
+        chunked = [_CHUNKS.findall(text) for text in texts]
+        known = self._chunk_counts
+        new = {
+            key: chunk
+            for chunks in chunked
+            for chunk in chunks
+            if (key := hash(chunk)) not in known
+        }
+        fresh = dict(zip(new, self._tokenized(list(new.values())), strict=True))
+        counts = [
+            sum(fresh[key] if (key := hash(chunk)) in fresh else known[key] for chunk in chunks)
+            for chunks in chunked
+        ]
+        if len(known) + len(fresh) > CACHED_CHUNKS:
+            # A new dict: a thread still reading the old one keeps its keys.
+            self._chunk_counts = fresh if len(fresh) <= CACHED_CHUNKS else {}
+        else:
+            known.update(fresh)
+        return counts
+
+    def _tokenized(self, texts: list[str]) -> list[int]:
+        """:meth:`count` of each text, tokenized in one batch."""
+        tokenizer = self._tokenizer
+        assert tokenizer is not None
+        # No offsets are needed to count: the fast form skips them (~40 % less CPU).
+        encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        counts = [len(e.ids) for e in encodings]
+        unknown = [i for i, e in enumerate(encodings) if self._unknown in e.ids]
+        if unknown:  # their offsets, in one more batch
+            again = tokenizer.encode_batch([texts[i] for i in unknown], add_special_tokens=False)
+            for i, encoding in zip(unknown, again, strict=True):
+                counts[i] = self._counted(texts[i], encoding)
+        return counts
+
+
+def _splits_at_ascii_spaces(tokenizer: Tokenizer) -> bool:
+    """Whether no token of ``tokenizer`` can span an ASCII space, tab or line break, so
+    that a text's count is the sum of its ``_CHUNKS``' counts: BERT's normaliser (which
+    keeps those characters as spaces, removes control characters and pads CJK characters
+    with spaces) and pre-tokenizer (which splits at whitespace), and no added token with
+    whitespace in it (added tokens are matched before both)."""
+    config = json.loads(tokenizer.to_str())
+    normalizer, pre_tokenizer = config.get("normalizer"), config.get("pre_tokenizer")
+    return (
+        (normalizer is None or normalizer.get("type") == "BertNormalizer")
+        and pre_tokenizer is not None
+        and pre_tokenizer.get("type") == "BertPreTokenizer"
+        and not any(
+            any(ch.isspace() for ch in token.content)
+            for token in tokenizer.get_added_tokens_decoder().values()
+        )
+    )
 
 
 def _unknown_tokens(piece: str) -> int:
