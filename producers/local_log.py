@@ -52,6 +52,9 @@ _ADD_FINGERPRINTS = "ALTER TABLE dedupe ADD COLUMN fingerprint BLOB"
 """A log written before fingerprints: its keys keep a NULL one, which conflicts with none."""
 
 _KEYS_PER_QUERY = 500
+ChangeMark = tuple[int, int]
+"""Where the log file stands (``LocalLogTransport.read_changed``): equal marks, no write
+between them."""
 _POLL_INTERVAL_S = 0.05
 """How often a local consumer re-reads the file for appends made by another process."""
 
@@ -233,6 +236,32 @@ class LocalLogTransport(SqliteThread):
             .fetchall()
         )
 
+    async def read_changed(
+        self, positions: dict[int, int], max_records: int, since: ChangeMark | None
+    ) -> tuple[ChangeMark, dict[int, list[LogEntry]]]:
+        """``read`` of every partition in ``positions`` in one call to the log's thread,
+        with the file's change mark; when the mark is still ``since``, nothing is read."""
+        mark, rows = await self._run(self._read_changed, positions, max_records, since)
+        return mark, {
+            partition: [LogEntry(partition, o, bytes(k), bytes(v), ts) for o, k, v, ts in found]
+            for partition, found in rows.items()
+            if found
+        }
+
+    def _read_changed(
+        self, positions: dict[int, int], max_records: int, since: ChangeMark | None
+    ) -> tuple[ChangeMark, dict[int, list[tuple[Any, ...]]]]:
+        # ``data_version`` moves when another connection commits, ``total_changes`` with
+        # every row this one writes (an append whose caller was cancelled included).
+        connection = self._require_connection()
+        mark = (connection.execute("PRAGMA data_version").fetchone()[0], connection.total_changes)
+        if mark == since:
+            return mark, {}
+        return mark, {
+            partition: self._read(partition, offset, max_records)
+            for partition, offset in sorted(positions.items())
+        }
+
     async def end_offsets(self) -> dict[int, int]:
         rows = await self._run(self._end_offsets)
         ends = dict.fromkeys(range(self._partitions), 0)
@@ -279,6 +308,8 @@ class LocalLogConsumer:
         self._membership = membership
         self._positions: dict[int, int] = {}
         self._on_revoked: PartitionsCallback | None = None
+        self._quiet: tuple[ChangeMark, dict[int, int]] | None = None
+        """After a read that found nothing: the file's mark and the positions read at."""
 
     async def start(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
         partitions = set(range(self._transport.partitions))
@@ -323,10 +354,14 @@ class LocalLogConsumer:
             await self._transport.wait_for_append(seen, min(remaining, _POLL_INTERVAL_S))
 
     async def _read_available(self, max_records: int) -> dict[int, list[LogEntry]]:
-        batches: dict[int, list[LogEntry]] = {}
-        for partition, position in sorted(self._positions.items()):
-            entries = await self._transport.read(partition, position, max_records)
-            if entries:
-                batches[partition] = entries
-                self._positions[partition] = entries[-1].offset + 1
+        """Every partition's records past its position, in one call to the log's thread;
+        nothing is read while nothing can have changed since a read that found nothing
+        (no write to the file, no position moved by a seek)."""
+        quiet, read_at = self._quiet, dict(self._positions)
+        since = quiet[0] if quiet is not None and quiet[1] == read_at else None
+        mark, batches = await self._transport.read_changed(read_at, max_records, since)
+        for partition, entries in batches.items():
+            self._positions[partition] = entries[-1].offset + 1
+        # The positions read at, not the current ones: a seek made meanwhile was not read.
+        self._quiet = None if batches else (mark, read_at)
         return batches
