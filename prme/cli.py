@@ -300,6 +300,7 @@ async def _audit(args: argparse.Namespace) -> int:
 async def _erase(args: argparse.Namespace) -> int:
     """Erase one owner through a running service (``--url``) or in a stopped pack."""
     from prme.query.client import AsyncMemoryClient
+    from prme.query.engine import MemoryEngine
     from prme.query.http_types import check_erasable, node_urls
     from prme.schemas.errors import ConfigurationError, InvalidInput, PRMEError
 
@@ -314,17 +315,22 @@ async def _erase(args: argparse.Namespace) -> int:
         print(f"prme erase: --owner: {error}", file=sys.stderr)
         return 2
     settings = _settings(args)
+    backend: AsyncMemoryClient | MemoryEngine
     if args.url is not None:
         if args.data_dir is not None:
             raise ConfigurationError("give --url (a running prme serve) or --data-dir, not both")
         node_urls(args.url)  # a careless URL: one line, exit 2
-        client = AsyncMemoryClient(url=args.url, api_key=args.api_key or settings.api_key)
     else:
         _require_log(settings)  # a mistyped --data-dir is no pack to erase from
-        client = AsyncMemoryClient(settings.data_dir, settings=settings)
     try:
-        async with client:
-            result = await client.erase_owner(args.owner, wait=not args.no_wait)
+        if args.url is not None:
+            backend = AsyncMemoryClient(url=args.url, api_key=args.api_key or settings.api_key)
+        else:  # an engine of its own: it never embeds a query
+            backend = await MemoryEngine.open(
+                settings=settings, create_if_missing=True, serves_queries=False
+            )
+        async with backend:
+            result = await backend.erase_owner(args.owner, wait=not args.no_wait)
     except ConfigurationError:
         raise
     except PRMEError as error:
@@ -600,7 +606,9 @@ async def _rebuild(args: argparse.Namespace) -> int:
     if on_kafka:  # the node is stopped: its partitions, read from the log, outside the group
         _require_shards(settings)
         settings = settings.replace(cluster={"project": False})
-    async with await MemoryEngine.open(settings=settings, create_if_missing=True) as engine:
+    async with await MemoryEngine.open(
+        settings=settings, create_if_missing=True, serves_queries=False
+    ) as engine:
         if on_kafka:
             await engine.runner.hold_stored()
         cache = engine.runner.vector_cache

@@ -161,16 +161,21 @@ class MemoryEngine(MemoryBackend):
         url: str | None = None,
         catch_up: bool = True,
         url_reached: bool = False,
+        serves_queries: bool = True,
     ) -> Self:
         """Open the pack in ``directory`` (created when missing and ``create_if_missing``).
         ``url``: where this node is served (``url_reached``: seen to reach this process,
         which the group prefers when two members advertise one URL); ``catch_up=False``
         returns before the assigned partitions have caught up (each is served once it has:
-        ``runner.serving``)."""
+        ``runner.serving``); ``serves_queries=False``, for a command that never embeds a
+        query (``prme rebuild``, ``prme erase``): the provider's query encoder is not
+        prepared (the default model's int8 query copy is not made)."""
         settings = _settings_for(directory, settings)
         if load_pack_config(settings.data_path) is None and not create_if_missing:
             raise ConfigurationError(f"no PRME pack in {settings.data_dir}: use create()")
-        return await cls._start(settings, embedding_provider, metrics, url, catch_up, url_reached)
+        return await cls._start(
+            settings, embedding_provider, metrics, url, catch_up, url_reached, serves_queries
+        )
 
     @classmethod
     async def _start(
@@ -181,13 +186,14 @@ class MemoryEngine(MemoryBackend):
         url: str | None = None,
         catch_up: bool = True,
         url_reached: bool = False,
+        serves_queries: bool = True,
     ) -> Self:
         data_dir = settings.data_path
         check_pack_directory(data_dir)
         lock = DataDirLock.acquire(data_dir)
         try:
             return await cls._start_locked(
-                settings, provider, metrics, url, catch_up, lock, url_reached
+                settings, provider, metrics, url, catch_up, lock, url_reached, serves_queries
             )
         except BaseException:
             lock.release()
@@ -203,6 +209,7 @@ class MemoryEngine(MemoryBackend):
         catch_up: bool,
         lock: DataDirLock,
         url_reached: bool = False,
+        serves_queries: bool = True,
     ) -> Self:
         data_dir = settings.data_path
         saved = load_pack_config(data_dir)
@@ -225,7 +232,7 @@ class MemoryEngine(MemoryBackend):
             )
             try:
                 return await cls._start_configured(
-                    settings, provider, metrics, url, catch_up, lock, url_reached
+                    settings, provider, metrics, url, catch_up, lock, url_reached, serves_queries
                 )
             except BaseException:
                 # A first start that failed (a model that does not load) decides nothing:
@@ -240,7 +247,7 @@ class MemoryEngine(MemoryBackend):
             if saved.partitions != settings.log.partitions:
                 settings = settings.replace(log={"partitions": saved.partitions})
         return await cls._start_configured(
-            settings, provider, metrics, url, catch_up, lock, url_reached
+            settings, provider, metrics, url, catch_up, lock, url_reached, serves_queries
         )
 
     @classmethod
@@ -253,6 +260,7 @@ class MemoryEngine(MemoryBackend):
         catch_up: bool,
         lock: DataDirLock,
         url_reached: bool,
+        serves_queries: bool,
     ) -> Self:
         transport = open_transport(settings)
         dead_letters = open_dead_letters(settings)
@@ -274,7 +282,8 @@ class MemoryEngine(MemoryBackend):
             router = ClusterRouter(settings, runner, transport, runner.metrics, url=url)
         try:
             await runner.start(join=settings.cluster.project)
-            if callable(prepare_queries := getattr(provider, "prepare_queries", None)):
+            prepare_queries = getattr(provider, "prepare_queries", None)
+            if serves_queries and callable(prepare_queries):
                 await asyncio.to_thread(prepare_queries)  # the int8 query copy, once a machine
             if settings.cluster.project and catch_up:
                 await runner.catch_up(timeout_s=settings.log.request_timeout_s * 10)

@@ -978,3 +978,35 @@ def test_models_pull_into_a_directory_it_cannot_make_is_one_line(tmp_path: Path)
     assert pulled.returncode == 1 and pulled.stdout == ""
     [line] = pulled.stderr.strip().splitlines()
     assert line.startswith("prme models pull: ") and "a-file" in line
+
+
+@pytest.mark.model
+def test_rebuild_and_erase_of_a_stopped_pack_make_no_query_copy(
+    default_model_dir: Path, tmp_path: Path
+) -> None:
+    """Neither command embeds a query, yet each made the default model's int8 query copy
+    (a few seconds, once a machine) as its engine started."""
+    from prme.projectors.embeddings.query_model import int8_dot_products, query_model_dir
+
+    models = tmp_path / "models"
+    shutil.copytree(default_model_dir, models / default_model_dir.name)  # nothing to download
+    env = {"PRME_MODELS_DIR": str(models)}
+    data = ["--data-dir", str(tmp_path / "pack")]
+    assert prme("ingest", str(write_jsonl(tmp_path / "in.jsonl", LINES)), "--quiet", *data)
+    rebuilt = prme("rebuild", "--quiet", *data, env=env)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert json.loads(rebuilt.stdout)["replayed"]
+    erased = prme("erase", "--owner", "alice", *data, env=env)
+    assert erased.returncode == 0, erased.stderr
+    assert not query_model_dir(models / default_model_dir.name).exists()
+    if int8_dot_products():  # the engine a query is served from still makes it
+        from prme.query.engine import MemoryEngine
+        from prme.schemas.config import Settings
+
+        async def served() -> None:
+            settings = Settings(data_dir=str(tmp_path / "pack"), models_dir=str(models))
+            async with await MemoryEngine.open(settings=settings):
+                pass
+
+        asyncio.run(served())
+        assert query_model_dir(models / default_model_dir.name).exists()
