@@ -299,6 +299,7 @@ async def _audit(args: argparse.Namespace) -> int:
 
 async def _erase(args: argparse.Namespace) -> int:
     """Erase one owner through a running service (``--url``) or in a stopped pack."""
+    from prme.producers.audit import owner_on_log
     from prme.query.client import AsyncMemoryClient
     from prme.query.engine import MemoryEngine
     from prme.query.http_types import check_erasable, node_urls
@@ -330,6 +331,11 @@ async def _erase(args: argparse.Namespace) -> int:
                 settings=settings, create_if_missing=True, serves_queries=False
             )
         async with backend:
+            known = (
+                None
+                if isinstance(backend, AsyncMemoryClient)
+                else await owner_on_log(backend.runner.transport, args.owner)
+            )
             result = await backend.erase_owner(args.owner, wait=not args.no_wait)
     except ConfigurationError:
         raise
@@ -337,6 +343,12 @@ async def _erase(args: argparse.Namespace) -> int:
         print(f"prme erase: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     print(msgspec.json.encode(result).decode())
+    if known is False:  # erased all the same: a request about someone who never wrote
+        print(
+            f"prme erase: no record of owner {args.owner!r} was on the log (owner ids match "
+            "exactly, case included): only the erasure's marker was appended",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -49,3 +49,11 @@ async def audit_owner(
             except RecordDecodeError as error:
                 yield AuditRow(entry.partition, entry.offset, entry.timestamp_ms, error=str(error))
         offset = entries[-1].offset + 1
+
+
+async def owner_on_log(transport: LogTransport, owner: str) -> bool:
+    """Whether any record on the log is keyed by ``owner`` (reads its partition up to the
+    first one)."""
+    async for _row in audit_owner(transport, owner):
+        return True
+    return False

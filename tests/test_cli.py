@@ -1010,3 +1010,20 @@ def test_rebuild_and_erase_of_a_stopped_pack_make_no_query_copy(
 
         asyncio.run(served())
         assert query_model_dir(models / default_model_dir.name).exists()
+
+
+def test_erase_of_an_owner_with_no_record_says_so(tmp_path: Path) -> None:
+    """An erasure of a mistyped owner looked like any other: it is still made (a request
+    about someone who never wrote is answered the same way), and says that nothing of the
+    owner was on the log."""
+    data = ["--data-dir", str(tmp_path / "pack")]
+    assert prme("ingest", str(write_jsonl(tmp_path / "in.jsonl", LINES)), "--quiet", *data)
+    erased = prme("erase", "--owner", "alice", *data)
+    assert erased.returncode == 0, erased.stderr
+    assert "no record" not in erased.stderr
+    mistyped = prme("erase", "--owner", "Alice", *data)
+    assert mistyped.returncode == 0, mistyped.stderr
+    assert json.loads(mistyped.stdout)["event_id"]
+    assert "no record of owner 'Alice' was on the log" in mistyped.stderr
+    again = prme("erase", "--owner", "Alice", *data)  # its marker is on the log now
+    assert again.returncode == 0 and "no record" not in again.stderr, again.stderr
