@@ -371,3 +371,25 @@ def test_every_search_equals_the_filtered_search_after_any_writes(
         _same_as_filtered(model, len(steps))
     finally:
         model.close()
+
+
+def test_state_changes_of_nodes_without_a_point_leave_nothing_to_exclude(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node without a vector (never embedded here) archived on a one-owner shard used to
+    add an id no point has to the list of points left out, and enough of them made the
+    owner's searches filter again."""
+    monkeypatch.setattr(vector_tenancy, "EXCLUDED_AT_MOST", 3)
+    items = [message(n, basis(1, n)) for n in range(3)]
+    with EdgeVectorModel(tmp_path / "p0", IDENTITY) as model:
+        model.apply(items)
+        model.apply(
+            [lifecycle(10 + n, archived, f"mem:{uuid.uuid4()}") for n in range(5)]
+            + [lifecycle(20, archived, node_of(items[0]))]
+        )
+        assert model._tenancy.sole_owner() == "alice"
+        assert model._tenancy.inactive == {key(node_of(items[0]))}
+        recorder = recorded(model)
+        found = model.search(basis(1), "alice", None, 10)
+        assert not any(payload_conditions(f) for f in recorder.filters)
+    assert set(ids(found)) == {node_of(item) for item in items[1:]}

@@ -266,7 +266,11 @@ class EdgeVectorModel(VectorModelBase):
                 self._shard.update(
                     UpdateOperation.set_payload_by_filter(where, {"state": op.state})
                 )
-                self._tenancy.state_set(op.owner, point.int, op.state)
+                # A node without a vector (or of another owner) has no point to leave out.
+                if self._tenancy.sole_owner() == op.owner and self._shard.retrieve(
+                    [point], with_payload=False, with_vector=False
+                ):
+                    self._tenancy.state_set(op.owner, point.int, op.state)
                 self._noted([point])
             elif isinstance(op, EraseOwner):
                 where = Filter(must=[_match("owner", op.owner)])
