@@ -389,9 +389,11 @@ class EdgeVectorModel(VectorModelBase):
         read. A point's id is a hash of its node id, so a remembered id is never stale;
         the map is emptied when it would pass ``NODE_ID_CACHE_POINTS``."""
         known = self._node_ids
-        missing = [point for point in point_ids if point.int not in known]
-        if not missing:
-            return [known[point.int] for point in point_ids]
+        keys = [point.int for point in point_ids]
+        resolved = list(map(known.get, keys))
+        if None not in resolved:
+            return resolved
+        missing = [p for p, node_id in zip(point_ids, resolved, strict=True) if node_id is None]
         records = self._shard.retrieve(
             cast("list[PointId]", missing), with_payload=["node_id"], with_vector=False
         )
@@ -400,7 +402,7 @@ class EdgeVectorModel(VectorModelBase):
             node_id = (record.payload or {}).get("node_id")
             if isinstance(node_id, str):
                 fetched[cast("uuid.UUID", record.id).int] = node_id
-        resolved = [known.get(point.int) or fetched.get(point.int) for point in point_ids]
+        resolved = [found or fetched.get(key) for found, key in zip(resolved, keys, strict=True)]
         if len(known) + len(fetched) > NODE_ID_CACHE_POINTS:
             known.clear()
         known.update(fetched)
