@@ -51,7 +51,8 @@ class TokenCounter:
             self._unknown = self._tokenizer.token_to_id("[UNK]")
         self._chunked = self._tokenizer is not None and _splits_at_ascii_spaces(self._tokenizer)
         self._chunk_counts: dict[int, int] = {}
-        """Counts by the chunk's ``hash()`` (a 64-bit SipHash with the process's own key)."""
+        """Counts by the hash of the chunk's UTF-8 bytes (a 64-bit SipHash with the process's
+        own key)."""
 
     @property
     def name(self) -> str:
@@ -104,24 +105,26 @@ class TokenCounter:
             return [self.count(text) for text in texts]
         if not self._chunked:
             return self._tokenized(texts)
-        chunked = [_CHUNKS.findall(text) for text in texts]
+        # Keyed by the hash of the UTF-8 bytes: ``hash(str)`` hashes a string's internal
+        # bytes, so "have" (1 byte a character) and "慨敶" (2) share a hash in every process.
+        keyed = [
+            [(hash(chunk.encode("utf-8", "surrogatepass")), chunk) for chunk in _CHUNKS.findall(t)]
+            for t in texts
+        ]
         known = self._chunk_counts
-        new = {
-            key: chunk
-            for chunks in chunked
-            for chunk in chunks
-            if (key := hash(chunk)) not in known
-        }
+        new = {key: chunk for chunks in keyed for key, chunk in chunks if key not in known}
         fresh = dict(zip(new, self._tokenized(list(new.values())), strict=True))
         counts = [
-            sum(fresh[key] if (key := hash(chunk)) in fresh else known[key] for chunk in chunks)
-            for chunks in chunked
+            sum(fresh[key] if key in fresh else known[key] for key, _chunk in chunks)
+            for chunks in keyed
         ]
-        if len(known) + len(fresh) > CACHED_CHUNKS:
-            # A new dict: a thread still reading the old one keeps its keys.
-            self._chunk_counts = fresh if len(fresh) <= CACHED_CHUNKS else {}
-        else:
-            known.update(fresh)
+        with self._lock:
+            known = self._chunk_counts
+            if len(known) + len(fresh) > CACHED_CHUNKS:
+                # A new dict: a thread still reading the old one keeps its keys.
+                self._chunk_counts = fresh if len(fresh) <= CACHED_CHUNKS else {}
+            else:
+                known.update(fresh)
         return counts
 
     def _tokenized(self, texts: list[str]) -> list[int]:

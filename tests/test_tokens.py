@@ -118,6 +118,8 @@ _PIECES = [
     "unaffable",
     "x" * 101,
     "pottery's",
+    "have",
+    "\u6168\u6576",  # "have"'s bytes as two 2-byte characters
 ]
 
 
@@ -167,3 +169,15 @@ def test_a_tokenizer_whose_tokens_may_span_spaces_counts_whole_texts(tmp_path: P
     counter = TokenCounter(path, cached=0)
     assert not counter._chunked
     assert counter.count_many(["a b"]) == [counter.count("a b")] == [1]
+
+
+@pytest.mark.model
+def test_chunks_whose_strings_share_their_bytes_are_counted_apart() -> None:
+    """Found by a review: ``hash(str)`` hashes a string's internal bytes, so "have" (one byte
+    a character) and "慨敶" (U+6168 U+6576, two) share a hash in every process, and keyed by
+    it one took the other's count (2 tokens for "have")."""
+    assert hash("have") == hash("\u6168\u6576")
+    counter = TokenCounter(_model_tokenizer(), cached=0)
+    assert counter.count_many(["see \u6168\u6576"]) == [counter.count("see \u6168\u6576")]
+    assert counter.count_many(["I have it", "have"]) == [3, 1]
+    assert counter.count_many(["have"]) == [counter.count("have")] == [1]
