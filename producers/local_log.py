@@ -52,7 +52,7 @@ _ADD_FINGERPRINTS = "ALTER TABLE dedupe ADD COLUMN fingerprint BLOB"
 """A log written before fingerprints: its keys keep a NULL one, which conflicts with none."""
 
 _KEYS_PER_QUERY = 500
-ChangeMark = tuple[int, int]
+ChangeMark = tuple[int, int, int]
 """Where the log file stands (``LocalLogTransport.read_changed``): equal marks, no write
 between them."""
 _POLL_INTERVAL_S = 0.05
@@ -73,6 +73,8 @@ class LocalLogTransport(SqliteThread):
         self._partitioner = Partitioner(partitions)
         self._appended: asyncio.Condition | None = None
         self._appends = 0
+        self._opens = 0
+        """Connections opened: a change mark belongs to one of them."""
         """How many appends this process made: a poller waits for it to move."""
         self.dedupe_hits = 0
         """Items this process appended whose dedupe key was already on the log."""
@@ -120,6 +122,7 @@ class LocalLogTransport(SqliteThread):
             connection.close()
             raise
         self._connection = connection
+        self._opens += 1
 
     def partition_for(self, key: bytes) -> int:
         return self._partitioner(key)
@@ -252,9 +255,11 @@ class LocalLogTransport(SqliteThread):
         self, positions: dict[int, int], max_records: int, since: ChangeMark | None
     ) -> tuple[ChangeMark, dict[int, list[tuple[Any, ...]]]]:
         # ``data_version`` moves when another connection commits, ``total_changes`` with
-        # every row this one writes (an append whose caller was cancelled included).
+        # every row this one writes (an append whose caller was cancelled included); both
+        # start again with a new connection, whose first mark could equal an old one.
         connection = self._require_connection()
-        mark = (connection.execute("PRAGMA data_version").fetchone()[0], connection.total_changes)
+        version = connection.execute("PRAGMA data_version").fetchone()[0]
+        mark = (self._opens, version, connection.total_changes)
         if mark == since:
             return mark, {}
         return mark, {

@@ -174,3 +174,25 @@ async def test_a_seek_on_a_quiet_log_reads_from_the_new_position(tmp_path: Path)
         assert [e.value for e in (await consumer.poll(100, 0.5))[0]] == [b"b"]
     finally:
         await transport.close()
+
+
+async def test_a_quiet_consumer_reads_again_after_its_transport_reopens(tmp_path: Path) -> None:
+    """Found by a review: the change mark is a connection's (both counts start again with a
+    new one), so after a reopen its first mark could equal the last, and a record appended
+    by another process meanwhile was never read."""
+    path = tmp_path / "log.sqlite3"
+    other = LocalLogTransport(path, partitions=2)
+    transport = LocalLogTransport(path, partitions=2)
+    await other.start()
+    await transport.start()
+    try:
+        consumer = await _consumer_at_end(transport)
+        assert await consumer.poll(10, 0.1) == {}
+        await transport.close()
+        await other.append(LogItem(b"bob", b"while closed"))
+        await transport.start()
+        found = await consumer.poll(10, 1)
+        assert [e.value for b in found.values() for e in b] == [b"while closed"]
+    finally:
+        await other.close()
+        await transport.close()
