@@ -25,6 +25,9 @@ _CHUNKS = re.compile(r"[^ \t\n\r]+")
 CACHED_CHUNKS = 200_000
 """Chunks whose counts a :class:`TokenCounter` keeps (forgotten all at once when full)."""
 
+BATCH_FROM = 32
+"""Texts counted in one batch call from this many on (fewer are counted one by one)."""
+
 CACHED_COUNTS = 50_000
 """Texts whose counts :meth:`TokenCounter.count_many` remembers: a bundle's lines are its
 memories, and the memories that answer come back request after request (counting was an
@@ -128,9 +131,13 @@ class TokenCounter:
         return counts
 
     def _tokenized(self, texts: list[str]) -> list[int]:
-        """:meth:`count` of each text, tokenized in one batch."""
+        """:meth:`count` of each text, tokenized one by one when they are few (a batch
+        spreads over the tokenizer's threads: ten short chunks took the same time and ~60 %
+        more CPU) and else in one batch."""
         tokenizer = self._tokenizer
         assert tokenizer is not None
+        if len(texts) < BATCH_FROM:
+            return [self.count(text) for text in texts]
         # No offsets are needed to count: the fast form skips them (~40 % less CPU).
         encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
         counts = [len(e.ids) for e in encodings]
