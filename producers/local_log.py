@@ -73,9 +73,9 @@ class LocalLogTransport(SqliteThread):
         self._partitioner = Partitioner(partitions)
         self._appended: asyncio.Condition | None = None
         self._appends = 0
+        """How many appends this process made: a poller waits for it to move."""
         self._opens = 0
         """Connections opened: a change mark belongs to one of them."""
-        """How many appends this process made: a poller waits for it to move."""
         self.dedupe_hits = 0
         """Items this process appended whose dedupe key was already on the log."""
         self.exact_end_offsets = True
