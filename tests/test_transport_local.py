@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,22 @@ async def _consumer_at_end(transport: LocalLogTransport) -> LocalLogConsumer:
     return consumer
 
 
+@contextlib.asynccontextmanager
+async def _two_connections(
+    path: Path,
+) -> AsyncIterator[tuple[LocalLogTransport, LocalLogTransport]]:
+    """Two transports on one log file, as two processes have (a connection each); the
+    other's opens first, so the first one's marks start where a reopened one's would."""
+    transport, other = LocalLogTransport(path, partitions=4), LocalLogTransport(path, partitions=4)
+    await other.start()
+    await transport.start()
+    try:
+        yield transport, other
+    finally:
+        await other.close()
+        await transport.close()
+
+
 async def test_an_idle_consumer_reads_no_record_until_the_file_changes(tmp_path: Path) -> None:
     """Polling a quiet log asks SQLite whether the file changed, one call per poll, instead
     of reading every partition (12 calls to the log's thread every 50 ms, ~1.7 % of a core
@@ -128,20 +146,12 @@ async def test_an_idle_consumer_reads_no_record_until_the_file_changes(tmp_path:
 async def test_a_quiet_consumer_sees_another_connection_s_append(tmp_path: Path) -> None:
     """Another process's append does not wake this one: the file's ``data_version`` tells
     the next poll that it must read."""
-    path = tmp_path / "log.sqlite3"
-    transport = LocalLogTransport(path, partitions=4)
-    other = LocalLogTransport(path, partitions=4)
-    await transport.start()
-    await other.start()
-    try:
+    async with _two_connections(tmp_path / "log.sqlite3") as (transport, other):
         consumer = await _consumer_at_end(transport)
         assert await consumer.poll(100, 0.2) == {}
         await other.append(LogItem(b"bob", b"elsewhere"))
         found = await consumer.poll(100, 2)
         assert [e.value for b in found.values() for e in b] == [b"elsewhere"]
-    finally:
-        await other.close()
-        await transport.close()
 
 
 async def test_a_quiet_consumer_sees_an_append_whose_caller_was_cancelled(tmp_path: Path) -> None:
@@ -180,12 +190,7 @@ async def test_a_quiet_consumer_reads_again_after_its_transport_reopens(tmp_path
     """Found by a review: the change mark is a connection's (both counts start again with a
     new one), so after a reopen its first mark could equal the last, and a record appended
     by another process meanwhile was never read."""
-    path = tmp_path / "log.sqlite3"
-    other = LocalLogTransport(path, partitions=2)
-    transport = LocalLogTransport(path, partitions=2)
-    await other.start()
-    await transport.start()
-    try:
+    async with _two_connections(tmp_path / "log.sqlite3") as (transport, other):
         consumer = await _consumer_at_end(transport)
         assert await consumer.poll(10, 0.1) == {}
         await transport.close()
@@ -193,6 +198,3 @@ async def test_a_quiet_consumer_reads_again_after_its_transport_reopens(tmp_path
         await transport.start()
         found = await consumer.poll(10, 1)
         assert [e.value for b in found.values() for e in b] == [b"while closed"]
-    finally:
-        await other.close()
-        await transport.close()
