@@ -14,7 +14,7 @@ import msgspec
 
 from .errors import ConfigurationError
 from .records import UserIdField
-from .validation_hints import validation_hint
+from .validation_hints import error_path, validation_hint
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -367,17 +367,13 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return Path(os.path.expanduser("~/.cache/prme/models"))
 
 
-_ERROR_PATH = re.compile(r" - at (?:`key` in )?`\$(?P<path>(?:\.\w+)+)`")
-
-
 def _variable_of(error: str, environ: Mapping[str, str]) -> str:
     """`` (set by PRME_SCORING__FUSION)`` for an error at a path a ``PRME_`` variable set
     (that path or one around it, or the one variable set inside it), else ``""``: the
     error names the path, the user set the variable."""
-    match = _ERROR_PATH.search(error)
-    if match is None:
+    parts = error_path(error)
+    if not parts:
         return ""
-    parts = match["path"].split(".")[1:]
     for end in range(len(parts), 0, -1):
         name = "PRME_" + "__".join(parts[:end]).upper()
         if environ.get(name):

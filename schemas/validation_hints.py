@@ -13,7 +13,10 @@ import msgspec.inspect
 CLOSE_KEY: Final = 0.65
 """How alike (``difflib`` ratio) an unknown key and a field's name are to suggest it."""
 
-_ENUM_ERROR = re.compile(r"Invalid enum value .* - at (?P<key>`key` in )?`\$(?P<path>(?:\.\w+)+)`$")
+_AT = r" - at (?P<key>`key` in )?`\$(?P<path>(?:\.\w+)+)`"
+"""Where msgspec says an error is: `` - at `$.scoring.fusion``` (or `` `key` in`` it)."""
+_ERROR_AT = re.compile(_AT)
+_ENUM_ERROR = re.compile(rf"Invalid enum value .*{_AT}$")
 _UNKNOWN_FIELD = re.compile(
     r"Object contains unknown field `(?P<name>[^`]*)`(?: - at `\$(?P<path>(?:\.\w+)*)`)?$"
 )
@@ -41,6 +44,13 @@ def validation_hint(cls: type[msgspec.Struct], error: str, *, variables: bool = 
             key = "__".join([*path.split(".")[1:], close[0]])
             return f" (did you mean {'PRME_' + key.upper() if variables else close[0]}?)"
     return ""
+
+
+def error_path(error: str) -> list[str]:
+    """The field names of the path msgspec's ``error`` is at (``["scoring", "fusion"]``),
+    or ``[]`` when it names none."""
+    match = _ERROR_AT.search(error)
+    return [] if match is None else match["path"].split(".")[1:]
 
 
 def _type_at(cls: type[msgspec.Struct], path: str) -> Any:
